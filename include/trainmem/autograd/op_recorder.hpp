@@ -1,0 +1,149 @@
+// trainmem/autograd/op_recorder.hpp — the one entry every op goes through.
+//
+// NOTE [Op entry]
+// An op validates its arguments, then builds an OpRecorder from its OpInfo and input
+// Vars. The recorder is the single seam for three concerns, so no op handles them:
+//  - autocast: `compute_dtype()` comes from the thread's autocast state and the op's
+//    category; `input(i)` is input i cast to it (parameters through the cast cache);
+//  - checkpointing: under a region's SaveHook, `compute(f)` may hand back outputs the
+//    region kept instead of running f, and `save(t)` packs through the hook;
+//  - autograd: `finish(output, backward)` records a Node whose edges route each
+//    input's gradient, and returns the output Var.
+// With grad mode off or no input requiring grad, nothing is saved or recorded.
+#pragma once
+
+#include <functional>
+#include <initializer_list>
+#include <optional>
+#include <vector>
+
+#include "trainmem/amp/autocast.hpp"
+#include "trainmem/amp/cast_cache.hpp"
+#include "trainmem/autograd/tape.hpp"
+
+namespace trainmem {
+
+template <class B>
+using BackwardFn = std::function<Grads<B>(const Grads<B>&)>;
+
+template <class B>
+class OpRecorder {
+ public:
+  OpRecorder(const OpInfo& op, std::initializer_list<Var<B>> inputs, double flops = 0.0)
+      : op_(op), inputs_(inputs), flops_(flops), cast_(inputs_.size()) {
+    std::vector<DType> floating;
+    for (std::size_t i = 0; i < inputs_.size(); ++i) {
+      const VarImpl<B>& v = inputs_[i].impl();
+      if (v.tape != nullptr) {
+        detail::check(tape_ == nullptr || tape_ == v.tape, op.name, ": input ", i, " ",
+                      v.name.empty() ? "" : "'" + v.name + "' ", "belongs to another tape than input 0");
+        tape_ = v.tape;
+      }
+      any_requires_grad_ = any_requires_grad_ || v.requires_grad;
+      if (is_floating(v.value.dtype())) floating.push_back(v.value.dtype());
+    }
+    detail::check(tape_ != nullptr, op.name, ": none of its inputs is on a tape; bring data in with tape.input()");
+    records_ = grad_enabled() && any_requires_grad_;
+    compute_dtype_ = amp::autocast_state().compute_dtype(op, floating);
+    hook_ = tape_->hook();
+    if (hook_ != nullptr) op_index_ = hook_->begin_op(op);
+  }
+
+  const OpInfo& op() const { return op_; }
+  Tape<B>& tape() const { return *tape_; }
+  B& backend() const { return tape_->backend(); }
+  bool records() const { return records_; }
+  /// Whether input i's gradient is wanted (so backward may skip computing it).
+  bool needs_grad(std::size_t i) const { return records_ && inputs_.at(i).requires_grad(); }
+  DType compute_dtype() const { return compute_dtype_; }
+  const Var<B>& var(std::size_t i) const { return inputs_.at(i); }
+
+  /// Input i in the compute dtype. Parameters are cast once through the cast cache.
+  const Tensor<B>& input(std::size_t i) {
+    const Var<B>& v = inputs_.at(i);
+    const Tensor<B>& value = v.value();
+    if (!is_floating(value.dtype()) || value.dtype() == compute_dtype_) return value;
+    if (!cast_[i]) {
+      if (v.tape() == nullptr && v.requires_grad()) {
+        cast_[i] = amp::CastCache<B>::instance().get(value, compute_dtype_);
+      } else {
+        Tensor<B> t = Tensor<B>::empty(value.shape(), compute_dtype_, MemCategory::Temporary, backend());
+        backend().map(math::Identity{}, value, t);
+        cast_[i] = std::move(t);
+      }
+    }
+    return *cast_[i];
+  }
+
+  /// Runs `forward` (returning the op's output tensors) unless the active region kept
+  /// this op's outputs in forward and is now replaying, in which case those are reused.
+  template <class F>
+  std::vector<Tensor<B>> compute(F&& forward) {
+    if (hook_ != nullptr) {
+      if (const auto* kept = hook_->reuse_outputs(op_index_)) return *kept;
+    }
+    std::vector<Tensor<B>> outputs = std::forward<F>(forward)();
+    if (hook_ != nullptr) hook_->on_outputs(op_index_, op_, flops_, outputs);
+    return outputs;
+  }
+
+  /// Keeps `tensor` for backward through the saved-tensor seam (nothing when not recording).
+  SavedTensor<B> save(const Tensor<B>& tensor) {
+    if (!records_) return {};
+    if (hook_ != nullptr) return hook_->pack(tensor, SaveInfo{&op_, op_index_, tensor.bytes(), flops_});
+    return SavedTensor<B>::keep(tensor, op_.name);
+  }
+
+  /// The output Var; records a Node with `backward` when recording.
+  Var<B> finish(Tensor<B> output, BackwardFn<B> backward) {
+    auto impl = std::make_shared<VarImpl<B>>();
+    impl->tape = tape_;
+    impl->hook = hook_;
+    impl->op_index = op_index_;
+    if (records_) {
+      auto node = std::make_unique<Node<B>>();
+      node->op = &op_;
+      node->output_dtypes = {output.dtype()};
+      node->output_shapes = {output.shape()};
+      for (const Var<B>& in : inputs_) {
+        Edge<B> edge;
+        const VarImpl<B>& v = in.impl();
+        edge.dtype = v.value.dtype();
+        if (v.requires_grad) {
+          if (v.grad_fn != nullptr) {
+            edge.node = v.grad_fn;
+            edge.output = v.output_nr;
+          } else {
+            edge.leaf = v.grad_slot;
+          }
+        }
+        node->inputs.push_back(std::move(edge));
+      }
+      node->backward = std::move(backward);
+      impl->grad_fn = tape_->record(std::move(node));
+      impl->requires_grad = true;
+    }
+    impl->value = std::move(output);
+    return Var<B>(std::move(impl));
+  }
+
+ private:
+  const OpInfo& op_;
+  std::vector<Var<B>> inputs_;
+  double flops_;
+  std::vector<std::optional<Tensor<B>>> cast_;
+  Tape<B>* tape_ = nullptr;
+  SaveHook<B>* hook_ = nullptr;
+  std::int64_t op_index_ = -1;
+  bool any_requires_grad_ = false;
+  bool records_ = false;
+  DType compute_dtype_ = DType::F32;
+};
+
+/// Allocates an op output (a temporary until something saves it).
+template <class B>
+Tensor<B> new_tensor(B& backend, Shape shape, DType dtype) {
+  return Tensor<B>::empty(std::move(shape), dtype, MemCategory::Temporary, backend);
+}
+
+}  // namespace trainmem

@@ -1,0 +1,133 @@
+// trainmem/autograd/saved_tensor.hpp — the one seam through which ops keep tensors.
+//
+// NOTE [Saved tensors]
+// An op that needs a tensor in backward saves it here, never by capturing a Tensor.
+// With no hook active, packing keeps the tensor and re-tags its bytes as a saved
+// activation. Inside a checkpoint region the region's SaveHook packs instead: it keeps
+// nothing (a placeholder naming a slot of the region), keeps what its policy says to
+// keep, or offloads. Unpacking a placeholder asks the region, which recomputes its
+// forward once and hands out slot after slot. No op knows about checkpointing.
+//
+// A saved tensor remembers the version of its storage. If the storage was written in
+// place after the save (an optimizer step, a user's copy_from), unpack throws instead
+// of handing backward a value that is not the one forward used.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "trainmem/autograd/op_info.hpp"
+#include "trainmem/core/tensor.hpp"
+
+namespace trainmem {
+
+/// What a pack hook learns about a tensor being saved.
+struct SaveInfo {
+  const OpInfo* op;          // the op saving it
+  std::int64_t op_index;     // the op's ordinal under the active hook (-1 if none)
+  std::size_t bytes;         // size of the tensor
+  double flops;              // the op's estimated forward FLOPs
+};
+
+template <class B>
+class SavedTensor;
+
+/// \brief Hands back a placeholder's tensor (implemented by checkpoint regions).
+template <class B>
+class Unpacker {
+ public:
+  virtual ~Unpacker() = default;
+  virtual Tensor<B> unpack(std::int64_t slot, const SavedTensor<B>& placeholder) = 0;
+};
+
+/// \brief A tensor kept for backward: held, or a placeholder a region fills on demand.
+template <class B>
+class SavedTensor {
+ public:
+  SavedTensor() = default;
+
+  /// Keeps `tensor`; a temporary's bytes are re-tagged as a saved activation.
+  static SavedTensor keep(const Tensor<B>& tensor, std::string_view op) {
+    SavedTensor saved(op, tensor);
+    saved.tensor_ = tensor;
+    if (tensor.defined() && tensor.category() == MemCategory::Temporary)
+      tensor.storage()->retag(MemCategory::SavedActivation);
+    return saved;
+  }
+  /// A placeholder for slot `slot` of `unpacker`; holds no bytes.
+  static SavedTensor placeholder(const Tensor<B>& tensor, std::string_view op, std::shared_ptr<Unpacker<B>> unpacker,
+                                 std::int64_t slot) {
+    SavedTensor saved(op, tensor);
+    saved.unpacker_ = std::move(unpacker);
+    saved.slot_ = slot;
+    return saved;
+  }
+
+  bool defined() const { return tensor_.defined() || unpacker_ != nullptr; }
+  bool is_placeholder() const { return unpacker_ != nullptr; }
+  const Shape& shape() const { return shape_; }
+  DType dtype() const { return dtype_; }
+  std::string_view op() const { return op_; }
+  /// Bytes this saved tensor holds itself (0 for a placeholder).
+  std::size_t held_bytes() const { return tensor_.defined() ? tensor_.bytes() : 0; }
+
+  /// The saved value; throws if its storage was modified in place since the save.
+  Tensor<B> unpack() const {
+    detail::check(defined(), "SavedTensor::unpack: nothing was saved (op ", op_, ")");
+    if (auto storage = storage_.lock()) {
+      detail::check(storage->version() == version_, op_,
+                    ": a tensor saved for backward was modified in place after it was saved (version ", version_,
+                    " at save, ", storage->version(), " now); backward would use the wrong value");
+    }
+    if (tensor_.defined()) return tensor_;
+    Tensor<B> t = unpacker_->unpack(slot_, *this);
+    return t;
+  }
+
+  /// Drops what this saved tensor holds (backward calls this after use).
+  void release() {
+    tensor_ = Tensor<B>();
+    unpacker_.reset();
+  }
+
+ private:
+  SavedTensor(std::string_view op, const Tensor<B>& tensor)
+      : op_(op), shape_(tensor.defined() ? tensor.shape() : Shape{}), dtype_(tensor.defined() ? tensor.dtype() : DType::F32) {
+    if (tensor.defined()) {
+      storage_ = tensor.storage();
+      version_ = tensor.version();
+    }
+  }
+
+  std::string_view op_;
+  Shape shape_;
+  DType dtype_ = DType::F32;
+  Tensor<B> tensor_;
+  std::shared_ptr<Unpacker<B>> unpacker_;
+  std::int64_t slot_ = -1;
+  std::weak_ptr<Storage<B>> storage_;
+  std::uint64_t version_ = 0;
+};
+
+/// \brief The pack side of the seam, plus the op-level replay a region needs.
+///
+/// Pushed on a tape by a checkpoint region. Every op recorded while a hook is active
+/// calls begin_op, may reuse outputs the hook kept (selective recompute), reports its
+/// outputs, and packs what it saves through the hook.
+template <class B>
+class SaveHook {
+ public:
+  virtual ~SaveHook() = default;
+  /// Called at each op entry; returns the op's ordinal under this hook.
+  virtual std::int64_t begin_op(const OpInfo& op) = 0;
+  /// Outputs kept from the forward for this op, to use instead of computing; or null.
+  virtual const std::vector<Tensor<B>>* reuse_outputs(std::int64_t op_index) = 0;
+  /// The op's outputs, once computed (a policy may keep them).
+  virtual void on_outputs(std::int64_t op_index, const OpInfo& op, double flops, const std::vector<Tensor<B>>& outputs) = 0;
+  /// Decides how a tensor an op needs in backward is kept.
+  virtual SavedTensor<B> pack(const Tensor<B>& tensor, const SaveInfo& info) = 0;
+};
+
+}  // namespace trainmem

@@ -1,0 +1,205 @@
+// trainmem/autograd/tape.hpp — records the forward pass and runs backward.
+//
+// The tape owns every Node in the order ops ran, which is a topological order: an
+// op's inputs were made before it. Backward walks the tape from the root's node down,
+// handing each node the gradients that reached it, accumulating input gradients with
+// +=, casting each gradient to its input's dtype (autocast ran the op in another), and
+// releasing each node's saved tensors as soon as it has run unless retain_graph.
+//
+// The tape also carries what recompute must replay: the random generator that
+// dropout draws from, and the stack of SaveHooks that checkpoint regions push. A
+// region's recompute records its nodes into a scratch list (`RecordInto`), never onto
+// the tape.
+#pragma once
+
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "trainmem/autograd/grad_mode.hpp"
+#include "trainmem/autograd/var.hpp"
+#include "trainmem/core/math.hpp"
+#include "trainmem/core/rng.hpp"
+
+namespace trainmem {
+
+/// \brief Records ops and runs backward over them.
+template <class B>
+class Tape {
+ public:
+  explicit Tape(B& backend = B::default_instance()) : backend_(&backend) {}
+  Tape(const Tape&) = delete;
+  Tape& operator=(const Tape&) = delete;
+
+  B& backend() const { return *backend_; }
+  Generator& rng() { return rng_; }
+  void manual_seed(std::uint64_t seed) { rng_.manual_seed(seed); }
+
+  /// A value entering the graph; with requires_grad it is a leaf that gets a .grad.
+  Var<B> input(Tensor<B> value, bool requires_grad = false, std::string name = {}) {
+    detail::check(value.defined(), "Tape::input: '", name, "' is an undefined tensor");
+    auto impl = std::make_shared<VarImpl<B>>();
+    impl->value = std::move(value);
+    impl->tape = this;
+    impl->requires_grad = requires_grad;
+    if (requires_grad) {
+      detail::check(is_floating(impl->value.dtype()), "Tape::input: '", name, "' requires grad but is ",
+                    impl->value.dtype());
+      impl->grad_slot = std::make_shared<GradSlot<B>>();
+    }
+    impl->name = std::move(name);
+    return Var<B>(std::move(impl));
+  }
+
+  /// Appends a node (to the scratch list during a region's recompute).
+  Node<B>* record(std::unique_ptr<Node<B>> node) {
+    auto& sink = sink_ ? *sink_ : nodes_;
+    sink.push_back(std::move(node));
+    return sink.back().get();
+  }
+  std::size_t size() const { return nodes_.size(); }
+  /// Drops every node and what it saved; the tape can record a new step.
+  void clear() {
+    nodes_.clear();
+    backward_ran_ = false;
+  }
+
+  // --- the save hook stack (checkpoint regions) -------------------------------------
+  SaveHook<B>* hook() const { return hooks_.empty() ? nullptr : hooks_.back(); }
+  void push_hook(SaveHook<B>* hook) { hooks_.push_back(hook); }
+  void pop_hook() { hooks_.pop_back(); }
+  std::size_t hook_depth() const { return hooks_.size(); }
+
+  /// \brief RAII: records nodes into `scratch` instead of the tape, with a fresh hook stack.
+  class RecordInto {
+   public:
+    RecordInto(Tape& tape, std::vector<std::unique_ptr<Node<B>>>& scratch)
+        : tape_(tape), previous_sink_(tape.sink_), previous_hooks_(std::move(tape.hooks_)) {
+      tape.sink_ = &scratch;
+      tape.hooks_.clear();
+    }
+    ~RecordInto() {
+      tape_.sink_ = previous_sink_;
+      tape_.hooks_ = std::move(previous_hooks_);
+    }
+    RecordInto(const RecordInto&) = delete;
+    RecordInto& operator=(const RecordInto&) = delete;
+
+   private:
+    Tape& tape_;
+    std::vector<std::unique_ptr<Node<B>>>* previous_sink_;
+    std::vector<SaveHook<B>*> previous_hooks_;
+  };
+
+  // --- backward ---------------------------------------------------------------------
+  /// Accumulates d(root)/d(leaf) into every reachable leaf's .grad. A non-scalar root
+  /// needs a seed gradient of its shape. Without retain_graph, saved tensors are freed
+  /// as backward passes them and a second backward throws.
+  void backward(const Var<B>& root, const Tensor<B>& seed = {}, bool retain_graph = false) {
+    const VarImpl<B>& r = root.impl();
+    detail::check(r.tape == this, "backward: the root Var ", r.name.empty() ? "" : "'" + r.name + "' ",
+                  "belongs to another tape");
+    detail::check(r.requires_grad, "backward: the root ", r.value.shape(),
+                  " does not require grad (no parameter or grad-requiring input reaches it)");
+    detail::check(!backward_ran_, "backward: this tape's graph was freed by an earlier backward; pass "
+                  "retain_graph=true to the first backward to run backward twice");
+    Tensor<B> seed_grad;
+    if (seed.defined()) {
+      detail::check(seed.shape() == r.value.shape(), "backward: seed gradient is ", seed.shape(), ", root is ",
+                    r.value.shape());
+      seed_grad = seed;
+    } else {
+      detail::check(r.value.numel() == 1, "backward: the root is ", r.value.shape(),
+                    ", not a scalar; pass a seed gradient of that shape");
+      seed_grad = Tensor<B>::empty(r.value.shape(), r.value.dtype(), MemCategory::Temporary, *backend_);
+      const double one = 1.0;
+      backend_->map(math::Identity{}, Tensor<B>::from_host(Shape{}, std::span<const double>(&one, 1), DType::F64,
+                                                           MemCategory::Temporary, *backend_), seed_grad);
+    }
+    if (!retain_graph) backward_ran_ = true;
+    if (r.grad_fn == nullptr) {  // the root is itself a leaf
+      accumulate_into_leaf(*r.grad_slot, seed_grad);
+      return;
+    }
+    run_backward(r.grad_fn, r.output_nr, seed_grad, retain_graph);
+  }
+
+  /// Runs backward from `node`, output `output`, over the nodes of `list` (used by the tape
+  /// itself and by regions that own nodes).
+  void run_backward(Node<B>* start, int output, const Tensor<B>& seed, bool retain_graph) {
+    std::unordered_map<Node<B>*, Grads<B>> pending;
+    pending[start].resize(start->output_dtypes.size());
+    pending[start][static_cast<std::size_t>(output)] = seed;
+    // Nodes run newest first; the start node is somewhere on the tape.
+    for (auto it = nodes_.rbegin(); it != nodes_.rend() && !pending.empty(); ++it) {
+      Node<B>* node = it->get();
+      auto found = pending.find(node);
+      if (found == pending.end()) continue;
+      Grads<B> grad_outputs = std::move(found->second);
+      pending.erase(found);
+      detail::check(!node->released, "backward: ", node->op->name,
+                    " was already released by an earlier backward; pass retain_graph=true to run backward twice");
+      for (std::size_t i = 0; i < grad_outputs.size(); ++i)
+        if (!grad_outputs[i].defined())
+          grad_outputs[i] = Tensor<B>::zeros(node->output_shapes[i], node->output_dtypes[i], MemCategory::Temporary,
+                                             *backend_);
+      Grads<B> grad_inputs = node->backward(grad_outputs);
+      grad_outputs.clear();
+      if (!retain_graph) node->release();
+      for (std::size_t i = 0; i < node->inputs.size(); ++i) {
+        const Edge<B>& edge = node->inputs[i];
+        if (!edge.wants_grad() || i >= grad_inputs.size() || !grad_inputs[i].defined()) continue;
+        Tensor<B> g = cast_to(grad_inputs[i], edge.dtype);
+        if (edge.leaf) {
+          accumulate_into_leaf(*edge.leaf, g);
+        } else {
+          auto& slot = pending[edge.node];
+          if (slot.empty()) slot.resize(edge.node->output_dtypes.size());
+          auto& acc = slot[static_cast<std::size_t>(edge.output)];
+          acc = acc.defined() ? add(acc, g) : g;
+        }
+      }
+    }
+    detail::check(pending.empty(), "backward: a gradient reached a node that is not on this tape");
+  }
+
+ private:
+  Tensor<B> cast_to(const Tensor<B>& t, DType dtype) {
+    if (t.dtype() == dtype) return t;
+    Tensor<B> out = Tensor<B>::empty(t.shape(), dtype, MemCategory::Temporary, *backend_);
+    backend_->map(math::Identity{}, t, out);
+    return out;
+  }
+  Tensor<B> add(const Tensor<B>& a, const Tensor<B>& b) {
+    Tensor<B> out = Tensor<B>::empty(a.shape(), a.dtype(), MemCategory::Temporary, *backend_);
+    backend_->map(math::Add{}, a, b, out);
+    return out;
+  }
+  void accumulate_into_leaf(GradSlot<B>& slot, const Tensor<B>& g) {
+    if (!slot.grad.defined()) {
+      slot.grad = Tensor<B>::empty(g.shape(), g.dtype(), MemCategory::Gradient, *backend_);
+      backend_->copy(slot.grad.data(), g.data(), g.bytes());
+    } else {
+      detail::check(slot.grad.shape() == g.shape(), "backward: accumulated grad is ", slot.grad.shape(),
+                    ", new contribution is ", g.shape());
+      backend_->map(math::Add{}, slot.grad, g, slot.grad);
+      slot.grad.bump_version();
+    }
+  }
+
+  B* backend_;
+  Generator rng_;
+  std::vector<std::unique_ptr<Node<B>>> nodes_;
+  std::vector<std::unique_ptr<Node<B>>>* sink_ = nullptr;
+  std::vector<SaveHook<B>*> hooks_;
+  bool backward_ran_ = false;
+};
+
+template <class B>
+void Var<B>::backward(const Tensor<B>& seed, bool retain_graph) const {
+  Tape<B>* tape = impl().tape;
+  detail::check(tape != nullptr, "Var::backward: '", impl().name, "' is a parameter on no tape");
+  tape->backward(*this, seed, retain_graph);
+}
+
+}  // namespace trainmem

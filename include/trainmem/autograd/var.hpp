@@ -1,0 +1,91 @@
+// trainmem/autograd/var.hpp — a value on a tape, with what backward needs to know.
+//
+// A Var is a shared handle: copies refer to the same value. An op output knows the
+// Node that made it (grad_fn); a leaf that requires grad (a parameter, or an input
+// marked so) owns a GradSlot that backward accumulates into with +=. Parameters
+// belong to no tape and can be used on any; every other Var belongs to one tape.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "trainmem/autograd/node.hpp"
+#include "trainmem/autograd/saved_tensor.hpp"
+
+namespace trainmem {
+
+template <class B>
+class Tape;
+
+template <class B>
+struct VarImpl {
+  Tensor<B> value;
+  Tape<B>* tape = nullptr;
+  Node<B>* grad_fn = nullptr;
+  int output_nr = 0;
+  bool requires_grad = false;
+  std::shared_ptr<GradSlot<B>> grad_slot;  // leaves that require grad
+  SaveHook<B>* hook = nullptr;             // the hook active when this value was made
+  std::int64_t op_index = -1;              // ... and the producing op's ordinal under it
+  std::string name;
+};
+
+/// \brief A tensor value in the autograd graph.
+template <class B>
+class Var {
+ public:
+  Var() = default;
+  explicit Var(std::shared_ptr<VarImpl<B>> impl) : impl_(std::move(impl)) {}
+
+  /// A trainable leaf on no tape. Its storage is re-tagged as a parameter.
+  static Var parameter(Tensor<B> value, std::string name = {}) {
+    detail::check(value.defined() && is_floating(value.dtype()), "Var::parameter: '", name,
+                  "' needs a defined floating tensor");
+    if (value.category() != MemCategory::Parameter) value.storage()->retag(MemCategory::Parameter);
+    auto impl = std::make_shared<VarImpl<B>>();
+    impl->value = std::move(value);
+    impl->requires_grad = true;
+    impl->grad_slot = std::make_shared<GradSlot<B>>();
+    impl->name = std::move(name);
+    return Var(std::move(impl));
+  }
+
+  bool defined() const { return impl_ != nullptr; }
+  const Tensor<B>& value() const { return impl().value; }
+  const Shape& shape() const { return impl().value.shape(); }
+  DType dtype() const { return impl().value.dtype(); }
+  std::int64_t numel() const { return impl().value.numel(); }
+  bool requires_grad() const { return impl().requires_grad; }
+  bool is_leaf() const { return impl().grad_fn == nullptr; }
+  Tape<B>* tape() const { return impl().tape; }
+  const std::string& name() const { return impl().name; }
+  VarImpl<B>& impl() const {
+    detail::check(impl_ != nullptr, "Var: use of an undefined Var");
+    return *impl_;
+  }
+  const std::shared_ptr<VarImpl<B>>& handle() const { return impl_; }
+
+  /// Accumulated gradient of a leaf (undefined before the first backward reaching it).
+  const Tensor<B>& grad() const {
+    detail::check(impl().grad_slot != nullptr, "Var::grad: '", impl().name,
+                  "' is not a leaf that requires grad (only leaves accumulate .grad)");
+    return impl().grad_slot->grad;
+  }
+  /// Replaces the gradient (optimizers and the loss scaler write unscaled grads).
+  void set_grad(Tensor<B> grad) const {
+    detail::check(impl().grad_slot != nullptr, "Var::set_grad: '", impl().name, "' is not a leaf that requires grad");
+    impl().grad_slot->grad = std::move(grad);
+  }
+  void zero_grad() const {
+    if (impl().grad_slot) impl().grad_slot->grad = Tensor<B>();
+  }
+
+  /// Same as tape().backward(*this, ...).
+  void backward(const Tensor<B>& seed = {}, bool retain_graph = false) const;
+
+ private:
+  std::shared_ptr<VarImpl<B>> impl_;
+};
+
+}  // namespace trainmem

@@ -1,0 +1,231 @@
+// trainmem/backend/cpu/backend.hpp — the CPU backend: Eigen GEMM, OpenMP loops.
+//
+// A Backend is a compile-time policy: Tensor<Backend>, Tape<Backend>. It owns the
+// tracked allocator (and so the MemoryStats), GEMM workspaces, and the kernels, each
+// a method that checks nothing (ops validate before calling) and turns run-time
+// dtypes into C++ types once. `default_instance()` is what tensors use unless told
+// otherwise; tests that count bytes make their own instance.
+#pragma once
+
+#include <cstddef>
+#include <cstring>
+
+#include "trainmem/backend/cpu/allocator.hpp"
+#include "trainmem/backend/cpu/gemm.hpp"
+#include "trainmem/backend/cpu/kernels.hpp"
+#include "trainmem/core/tensor.hpp"
+
+namespace trainmem::cpu {
+
+/// \brief CPU backend: Eigen for GEMM, plain (OpenMP-parallel) loops for the rest.
+class Backend {
+ public:
+  using TensorT = Tensor<Backend>;
+  static constexpr const char* kName = "cpu";
+
+  Backend() = default;
+  Backend(const Backend&) = delete;
+  Backend& operator=(const Backend&) = delete;
+
+  /// The instance tensors use unless told otherwise.
+  static Backend& default_instance() {
+    static Backend instance;
+    return instance;
+  }
+
+  MemoryStats& memory() { return stats_; }
+  Allocator& allocator() { return allocator_; }
+
+  // --- storage --------------------------------------------------------------------
+  void* allocate(std::size_t bytes, MemCategory category) { return allocator_.allocate(bytes, category); }
+  void deallocate(void* ptr, std::size_t bytes, MemCategory category) { allocator_.deallocate(ptr, bytes, category); }
+  void upload(void* dst, const void* src, std::size_t bytes) { std::memcpy(dst, src, bytes); }
+  void download(void* dst, const void* src, std::size_t bytes) { std::memcpy(dst, src, bytes); }
+  void copy(void* dst, const void* src, std::size_t bytes) { std::memmove(dst, src, bytes); }
+  void fill_zero(void* dst, std::size_t bytes) { std::memset(dst, 0, bytes); }
+  /// Work queued so far is finished (nothing to wait for on the CPU).
+  void synchronize() {}
+
+  // --- kernels ---------------------------------------------------------------------
+  /// C = alpha op(A) op(B) + beta C. A and B share a dtype; f64 only with f64.
+  void gemm(const GemmArgs& args, const TensorT& a, const TensorT& b, const TensorT& c) {
+    if (a.dtype() == DType::F64) {
+      detail::gemm<double, double>(args, a.data_as<const double>(), b.data_as<const double>(), c.data_as<double>(),
+                                   workspace_a_, workspace_b_, workspace_c_);
+      return;
+    }
+    visit_floating(a.dtype(), "gemm", [&]<class TA>() {
+      if constexpr (!std::is_same_v<TA, double>) {
+        visit_floating(c.dtype(), "gemm", [&]<class TC>() {
+          if constexpr (!std::is_same_v<TC, double>)
+            detail::gemm<TA, TC>(args, a.data_as<const TA>(), b.data_as<const TA>(), c.data_as<TC>(), workspace_a_,
+                                 workspace_b_, workspace_c_);
+        });
+      }
+    });
+  }
+
+  /// out = op(in), element-wise; in and out may differ in dtype (a cast is map(Identity)).
+  template <class Op>
+  void map(Op op, const TensorT& in, const TensorT& out) {
+    visit_floating(in.dtype(), "map", [&]<class TI>() {
+      visit_floating(out.dtype(), "map", [&]<class TO>() {
+        detail::map_unary(op, in.data_as<const TI>(), out.data_as<TO>(), in.numel());
+      });
+    });
+  }
+
+  /// out = op(a, b); b has a's shape, is one row of a's last extent, or a scalar.
+  template <class Op>
+  void map(Op op, const TensorT& a, const TensorT& b, const TensorT& out) {
+    visit_floating(a.dtype(), "map", [&]<class TA>() {
+      visit_floating(b.dtype(), "map", [&]<class TB>() {
+        visit_floating(out.dtype(), "map", [&]<class TO>() {
+          detail::map_binary(op, a.data_as<const TA>(), b.data_as<const TB>(), out.data_as<TO>(), a.rows(), a.cols(),
+                             b.numel());
+        });
+      });
+    });
+  }
+
+  /// out[c] = beta out[c] + sum over rows of in[r, c] (in viewed as [rows, out.numel()]).
+  void sum_rows(const TensorT& in, const TensorT& out, double beta = 0.0) {
+    const std::int64_t cols = out.numel();
+    visit_floating(in.dtype(), "sum_rows", [&]<class TI>() {
+      visit_floating(out.dtype(), "sum_rows", [&]<class TO>() {
+        detail::sum_rows(in.data_as<const TI>(), out.data_as<TO>(), in.numel() / cols, cols, beta);
+      });
+    });
+  }
+
+  void sum_all(const TensorT& in, const TensorT& out) {
+    visit_floating(in.dtype(), "sum_all", [&]<class TI>() {
+      visit_floating(out.dtype(), "sum_all", [&]<class TO>() {
+        detail::sum_all(in.data_as<const TI>(), out.data_as<TO>(), in.numel());
+      });
+    });
+  }
+
+  void softmax(const TensorT& x, const TensorT& y, bool log_output) {
+    visit_floating(x.dtype(), "softmax", [&]<class T>() {
+      detail::softmax(x.data_as<const T>(), y.data_as<T>(), x.rows(), x.cols(), log_output);
+    });
+  }
+  void softmax_backward(const TensorT& dy, const TensorT& y, const TensorT& dx, bool log_output) {
+    visit_floating(y.dtype(), "softmax_backward", [&]<class T>() {
+      detail::softmax_backward(dy.data_as<const T>(), y.data_as<const T>(), dx.data_as<T>(), y.rows(), y.cols(),
+                               log_output);
+    });
+  }
+
+  void layer_norm(const TensorT& x, const TensorT& gamma, const TensorT& beta, const TensorT& y, const TensorT& mean,
+                  const TensorT& rstd, double eps) {
+    visit_floating(x.dtype(), "layer_norm", [&]<class T>() {
+      visit_floating(gamma.dtype(), "layer_norm", [&]<class TP>() {
+        using Acc = AccumulatorOf<T>;
+        detail::layer_norm(x.data_as<const T>(), gamma.data_as<const TP>(), beta.data_as<const TP>(), y.data_as<T>(),
+                           mean.data_as<Acc>(), rstd.data_as<Acc>(), x.rows(), x.cols(), eps);
+      });
+    });
+  }
+  void layer_norm_backward(const TensorT& dy, const TensorT& x, const TensorT& gamma, const TensorT& mean,
+                           const TensorT& rstd, const TensorT& dx, const TensorT& dgamma, const TensorT& dbeta) {
+    visit_floating(x.dtype(), "layer_norm_backward", [&]<class T>() {
+      visit_floating(gamma.dtype(), "layer_norm_backward", [&]<class TP>() {
+        using Acc = AccumulatorOf<T>;
+        detail::layer_norm_backward(dy.data_as<const T>(), x.data_as<const T>(), gamma.data_as<const TP>(),
+                                    mean.data_as<const Acc>(), rstd.data_as<const Acc>(), dx.data_as<T>(),
+                                    dgamma.data_as<TP>(), dbeta.data_as<TP>(), x.rows(), x.cols());
+      });
+    });
+  }
+
+  /// loss (scalar) and lse ([rows]) are in the accumulator dtype of the logits.
+  void cross_entropy(const TensorT& logits, const TensorT& labels, const TensorT& loss, const TensorT& lse) {
+    visit_floating(logits.dtype(), "cross_entropy", [&]<class T>() {
+      using Acc = AccumulatorOf<T>;
+      const auto bad_row = detail::cross_entropy(logits.data_as<const T>(), labels.data_as<const std::int32_t>(),
+                                                 loss.data_as<Acc>(), lse.data_as<Acc>(), logits.rows(), logits.cols());
+      trainmem::detail::check(bad_row < 0, "cross_entropy: label ",
+                    bad_row < 0 ? 0 : labels.data_as<const std::int32_t>()[bad_row], " at row ", bad_row,
+                    " is outside [0, ", logits.cols(), ")");
+    });
+  }
+  void cross_entropy_backward(const TensorT& dloss, const TensorT& logits, const TensorT& labels, const TensorT& lse,
+                              const TensorT& dlogits) {
+    visit_floating(logits.dtype(), "cross_entropy_backward", [&]<class T>() {
+      using Acc = AccumulatorOf<T>;
+      detail::cross_entropy_backward(dloss.data_as<const Acc>()[0], logits.data_as<const T>(),
+                                     labels.data_as<const std::int32_t>(), lse.data_as<const Acc>(), dlogits.data_as<T>(),
+                                     logits.rows(), logits.cols());
+    });
+  }
+
+  /// in viewed as [a, b, c, d] -> out [a, c, b, d] (transpose when d = 1, head split/merge).
+  void swap_middle_axes(const TensorT& in, const TensorT& out, std::int64_t a, std::int64_t b, std::int64_t c,
+                        std::int64_t d) {
+    visit_floating(in.dtype(), "swap_middle_axes", [&]<class T>() {
+      detail::swap_middle_axes(in.data_as<const T>(), out.data_as<T>(), a, b, c, d);
+    });
+  }
+  void causal_mask(const TensorT& in, const TensorT& out, double fill) {
+    const std::int64_t t = in.cols();
+    visit_floating(in.dtype(), "causal_mask", [&]<class T>() {
+      detail::causal_mask(in.data_as<const T>(), out.data_as<T>(), in.numel() / (t * t), t, fill);
+    });
+  }
+  void dropout(const TensorT& in, const TensorT& out, float p, RngState rng) {
+    visit_floating(in.dtype(), "dropout", [&]<class T>() {
+      detail::dropout(in.data_as<const T>(), out.data_as<T>(), in.numel(), p, rng);
+    });
+  }
+  void embedding(const TensorT& weight, const TensorT& ids, const TensorT& out) {
+    visit_floating(weight.dtype(), "embedding", [&]<class T>() {
+      detail::embedding(weight.data_as<const T>(), ids.data_as<const std::int32_t>(), out.data_as<T>(), ids.numel(),
+                        weight.cols());
+    });
+  }
+  /// dweight += scatter-add of dout rows (the caller zeroes dweight first).
+  void embedding_backward(const TensorT& dout, const TensorT& ids, const TensorT& dweight) {
+    visit_floating(dout.dtype(), "embedding_backward", [&]<class T>() {
+      visit_floating(dweight.dtype(), "embedding_backward", [&]<class TW>() {
+        detail::embedding_backward(dout.data_as<const T>(), ids.data_as<const std::int32_t>(), dweight.data_as<TW>(),
+                                   ids.numel(), dweight.cols());
+      });
+    });
+  }
+
+  /// One optimizer update pass: param (f32 or f64) and states updated in place, grad
+  /// (any floating dtype) read, and an optional 16-bit model copy written from the result.
+  /// state1, state2 and model_copy may be undefined.
+  template <class Update>
+  void apply_update(Update update, const TensorT& param, const TensorT& grad, const TensorT& state1,
+                    const TensorT& state2, const TensorT& model_copy) {
+    visit_floating(param.dtype(), "apply_update", [&]<class TP>() {
+      if constexpr (std::is_same_v<TP, float> || std::is_same_v<TP, double>) {
+        visit_floating(grad.dtype(), "apply_update", [&]<class TG>() {
+          TP* s1 = state1.defined() ? state1.data_as<TP>() : nullptr;
+          TP* s2 = state2.defined() ? state2.data_as<TP>() : nullptr;
+          if (model_copy.defined()) {
+            visit_floating(model_copy.dtype(), "apply_update", [&]<class TC>() {
+              detail::apply_update(update, param.data_as<TP>(), grad.data_as<const TG>(), s1, s2,
+                                   model_copy.data_as<TC>(), param.numel());
+            });
+          } else {
+            detail::apply_update(update, param.data_as<TP>(), grad.data_as<const TG>(), s1, s2,
+                                 static_cast<TP*>(nullptr), param.numel());
+          }
+        });
+      } else {
+        throw Error("apply_update: the updated parameter must be f32 or f64 (use FP32 master weights for 16-bit models)");
+      }
+    });
+  }
+
+ private:
+  MemoryStats stats_;
+  Allocator allocator_{stats_};
+  detail::WorkspaceBuffer workspace_a_{allocator_}, workspace_b_{allocator_}, workspace_c_{allocator_};
+};
+
+}  // namespace trainmem::cpu

@@ -1,0 +1,180 @@
+// trainmem/core/tensor.hpp — a typed view of backend storage.
+//
+// A Tensor is (storage, byte offset, shape, dtype): contiguous and row-major, so a
+// reshape or a slice of the leading dimension is a new view of the same storage and
+// costs nothing. Storage frees itself through the backend allocator that made it, so
+// MemoryStats sees every byte come and go. The version counter lives in the storage
+// (shared by all views): an in-place write bumps it, and a saved tensor whose version
+// moved is detected in backward instead of silently giving wrong gradients.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <type_traits>
+#include <vector>
+
+#include "trainmem/core/dtype.hpp"
+#include "trainmem/core/memory_stats.hpp"
+#include "trainmem/core/shape.hpp"
+#include "trainmem/error.hpp"
+
+namespace trainmem {
+
+/// \brief Bytes from one backend allocation, freed through the same backend.
+template <class B>
+class Storage {
+ public:
+  Storage(B& backend, std::size_t bytes, MemCategory category)
+      : backend_(&backend), bytes_(bytes), category_(category), data_(backend.allocate(bytes, category)) {}
+  ~Storage() { backend_->deallocate(data_, bytes_, category_); }
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+
+  void* data() const { return data_; }
+  std::size_t bytes() const { return bytes_; }
+  B& backend() const { return *backend_; }
+  MemCategory category() const { return category_; }
+  void retag(MemCategory category) {
+    backend_->memory().on_retag(category_, category, bytes_);
+    category_ = category;
+  }
+  std::uint64_t version() const { return version_; }
+  void bump_version() { ++version_; }
+
+ private:
+  B* backend_;
+  std::size_t bytes_;
+  MemCategory category_;
+  void* data_;
+  std::uint64_t version_ = 0;
+};
+
+/// \brief Contiguous row-major tensor with a run-time dtype, on backend B.
+template <class B>
+class Tensor {
+ public:
+  Tensor() = default;
+
+  /// Uninitialised tensor.
+  static Tensor empty(Shape shape, DType dtype, MemCategory category = MemCategory::Temporary,
+                      B& backend = B::default_instance()) {
+    const auto bytes = static_cast<std::size_t>(shape.numel()) * size_of(dtype);
+    return Tensor(std::make_shared<Storage<B>>(backend, bytes, category), 0, std::move(shape), dtype);
+  }
+  static Tensor zeros(Shape shape, DType dtype, MemCategory category = MemCategory::Temporary,
+                      B& backend = B::default_instance()) {
+    Tensor t = empty(std::move(shape), dtype, category, backend);
+    backend.fill_zero(t.data(), t.bytes());
+    return t;
+  }
+  /// Uploads host values (float or double), converting to `dtype` with round to nearest even.
+  template <class T>
+  static Tensor from_host(Shape shape, std::span<const T> values, DType dtype = DType::F32,
+                          MemCategory category = MemCategory::Temporary, B& backend = B::default_instance()) {
+    static_assert(std::is_arithmetic_v<T>, "from_host takes float or double values");
+    detail::check(static_cast<std::int64_t>(values.size()) == shape.numel(), "Tensor::from_host: shape ", shape,
+                  " needs ", shape.numel(), " values, got ", values.size());
+    Tensor t = empty(std::move(shape), dtype, category, backend);
+    visit_dtype(dtype, [&]<class S>() {
+      std::vector<S> converted(values.size());
+      for (std::size_t i = 0; i < values.size(); ++i) converted[i] = detail::narrow<S>(values[i]);
+      backend.upload(t.data(), converted.data(), t.bytes());
+    });
+    return t;
+  }
+  template <class T>
+  static Tensor from_host(Shape shape, const std::vector<T>& values, DType dtype = DType::F32,
+                          MemCategory category = MemCategory::Temporary, B& backend = B::default_instance()) {
+    return from_host(std::move(shape), std::span<const T>(values), dtype, category, backend);
+  }
+
+  /// Downloads and widens to T (float or double).
+  template <class T = float>
+  std::vector<T> to_host() const {
+    require_defined("to_host");
+    std::vector<T> out(static_cast<std::size_t>(numel()));
+    visit_dtype(dtype_, [&]<class S>() {
+      std::vector<S> raw(out.size());
+      backend().download(raw.data(), data(), bytes());
+      for (std::size_t i = 0; i < out.size(); ++i) out[i] = static_cast<T>(detail::widen(raw[i]));
+    });
+    return out;
+  }
+
+  bool defined() const { return storage_ != nullptr; }
+  const Shape& shape() const { return shape_; }
+  DType dtype() const { return dtype_; }
+  std::int64_t numel() const { return shape_.numel(); }
+  std::size_t bytes() const { return static_cast<std::size_t>(numel()) * size_of(dtype_); }
+  std::int64_t rows() const { return shape_.rows(); }
+  std::int64_t cols() const { return shape_.back(); }
+
+  void* data() const { return static_cast<std::byte*>(storage_->data()) + offset_; }
+  template <class T>
+  T* data_as() const {
+    detail::check(dtype_of<std::remove_const_t<T>>() == dtype_, "Tensor::data_as: tensor is ", dtype_, ", asked for ",
+                  dtype_of<std::remove_const_t<T>>());
+    return static_cast<T*>(data());
+  }
+
+  B& backend() const { return storage_->backend(); }
+  const std::shared_ptr<Storage<B>>& storage() const { return storage_; }
+  MemCategory category() const { return storage_->category(); }
+  std::uint64_t version() const { return storage_->version(); }
+  /// Record an in-place write (every mutating method calls this).
+  void bump_version() const { storage_->bump_version(); }
+
+  /// Same storage, new extents with the same element count.
+  Tensor reshape(Shape shape) const {
+    require_defined("reshape");
+    detail::check(shape.numel() == numel(), "reshape: cannot view ", shape_, " (", numel(), " elements) as ", shape,
+                  " (", shape.numel(), " elements)");
+    return Tensor(storage_, offset_, std::move(shape), dtype_);
+  }
+  /// Rows [begin, end) of the leading dimension, as a view.
+  Tensor slice(std::int64_t begin, std::int64_t end) const {
+    require_defined("slice");
+    detail::check(shape_.rank() >= 1 && 0 <= begin && begin <= end && end <= shape_[0], "slice: range [", begin, ", ",
+                  end, ") is outside the leading dimension of ", shape_);
+    auto dims = shape_.dims();
+    const std::size_t row_bytes = bytes() / static_cast<std::size_t>(dims[0] == 0 ? 1 : dims[0]);
+    dims[0] = end - begin;
+    return Tensor(storage_, offset_ + static_cast<std::size_t>(begin) * row_bytes, Shape(std::move(dims)), dtype_);
+  }
+
+  /// A new tensor with the same values.
+  Tensor clone(MemCategory category = MemCategory::Temporary) const {
+    require_defined("clone");
+    Tensor t = empty(shape_, dtype_, category, backend());
+    backend().copy(t.data(), data(), bytes());
+    return t;
+  }
+  /// Copies `source` (same shape and dtype) into this tensor in place.
+  void copy_from(const Tensor& source) const {
+    require_defined("copy_from");
+    detail::check(source.shape() == shape_ && source.dtype() == dtype_, "copy_from: destination is ", shape_, " ",
+                  dtype_, ", source is ", source.shape(), " ", source.dtype());
+    backend().copy(data(), source.data(), bytes());
+    bump_version();
+  }
+  void zero_() const {
+    backend().fill_zero(data(), bytes());
+    bump_version();
+  }
+
+  bool same_storage(const Tensor& other) const { return storage_ == other.storage_; }
+
+ private:
+  Tensor(std::shared_ptr<Storage<B>> storage, std::size_t offset, Shape shape, DType dtype)
+      : storage_(std::move(storage)), offset_(offset), shape_(std::move(shape)), dtype_(dtype) {}
+  void require_defined(const char* op) const { detail::check(defined(), op, ": tensor is undefined"); }
+
+  std::shared_ptr<Storage<B>> storage_;
+  std::size_t offset_ = 0;
+  Shape shape_;
+  DType dtype_ = DType::F32;
+};
+
+}  // namespace trainmem

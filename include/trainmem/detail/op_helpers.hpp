@@ -1,0 +1,59 @@
+// trainmem/detail/op_helpers.hpp — small pieces every op file shares.
+#pragma once
+
+#include "trainmem/autograd/op_recorder.hpp"
+
+namespace trainmem::detail {
+
+template <class B>
+void require_floating(const OpInfo& op, const Var<B>& v, const char* what) {
+  check(is_floating(v.dtype()), op.name, ": ", what, " must be floating, got ", v.dtype(), " ", v.shape());
+}
+
+template <class B>
+void require_rank_at_least(const OpInfo& op, const Var<B>& v, std::size_t rank, const char* what) {
+  check(v.shape().rank() >= rank, op.name, ": ", what, " must have rank >= ", rank, ", got ", v.shape());
+}
+
+/// A tensor of `shape` holding `source` cast to `dtype` (or `source` itself).
+template <class B>
+Tensor<B> cast(const Tensor<B>& source, DType dtype) {
+  if (source.dtype() == dtype) return source;
+  Tensor<B> out = new_tensor(source.backend(), source.shape(), dtype);
+  source.backend().map(math::Identity{}, source, out);
+  return out;
+}
+
+/// out = op(a, b) into a new tensor of a's shape and `dtype`.
+template <class B, class Op>
+Tensor<B> binary(Op op, const Tensor<B>& a, const Tensor<B>& b, DType dtype) {
+  Tensor<B> out = new_tensor(a.backend(), a.shape(), dtype);
+  a.backend().map(op, a, b, out);
+  return out;
+}
+template <class B, class Op>
+Tensor<B> unary(Op op, const Tensor<B>& a, DType dtype) {
+  Tensor<B> out = new_tensor(a.backend(), a.shape(), dtype);
+  a.backend().map(op, a, out);
+  return out;
+}
+
+/// Sums a gradient of `grad`'s shape down to `target` (same, a row of its last extent, or a scalar).
+template <class B>
+Tensor<B> reduce_to(const Tensor<B>& grad, const Shape& target) {
+  if (grad.shape() == target) return grad;
+  Tensor<B> out = new_tensor(grad.backend(), target, grad.dtype());
+  if (target.numel() == 1) grad.backend().sum_all(grad, out);
+  else grad.backend().sum_rows(grad, out);
+  return out;
+}
+
+/// A tensor of `shape` whose every element is alpha * scalar[0].
+template <class B>
+Tensor<B> broadcast_scalar(const Tensor<B>& scalar, const Shape& shape, DType dtype, double alpha) {
+  Tensor<B> out = Tensor<B>::zeros(shape, dtype, MemCategory::Temporary, scalar.backend());
+  scalar.backend().map(math::AddScaled{alpha}, out, scalar, out);
+  return out;
+}
+
+}  // namespace trainmem::detail

@@ -1,0 +1,90 @@
+// trainmem/nn/attention.hpp — causal multi-head self-attention and the pre-LN block.
+//
+// Attention over x [batch, T, D]: q, k, v projections, heads split to [batch*H, T, Dh],
+// scores = q k^T / sqrt(Dh), causal mask, softmax, optional dropout, weighted sum of v,
+// heads merged, output projection. The block is pre-LN (GPT-2):
+//   x = x + attn(ln1(x));  x = x + mlp(ln2(x)).
+// The scores and probabilities are [batch*H, T, T] per block: the activations that
+// checkpointing saves the most on.
+#pragma once
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "trainmem/nn/layer_norm.hpp"
+#include "trainmem/nn/linear.hpp"
+#include "trainmem/nn/mlp.hpp"
+#include "trainmem/ops/dropout.hpp"
+#include "trainmem/ops/elementwise.hpp"
+#include "trainmem/ops/shape.hpp"
+#include "trainmem/ops/softmax.hpp"
+
+namespace trainmem::nn {
+
+template <class B>
+class CausalSelfAttention {
+ public:
+  CausalSelfAttention(std::int64_t dim, std::int64_t heads, Init& init, float dropout = 0.0f, DType dtype = DType::F32,
+                      std::string name = "attn")
+      : heads_(heads),
+        dropout_(dropout),
+        q_(dim, dim, init, true, dtype, name + ".q"),
+        k_(dim, dim, init, true, dtype, name + ".k"),
+        v_(dim, dim, init, true, dtype, name + ".v"),
+        out_(dim, dim, init, true, dtype, name + ".out") {
+    detail::check(heads > 0 && dim % heads == 0, "nn::CausalSelfAttention: ", heads, " heads do not divide dim ", dim);
+  }
+
+  Var<B> operator()(const Var<B>& x, bool training = true) const {
+    detail::check(x.shape().rank() == 3, "CausalSelfAttention: x must be [batch, T, D], got ", x.shape());
+    const double inv_sqrt_dh = 1.0 / std::sqrt(static_cast<double>(x.shape()[2] / heads_));
+    auto q = split_heads(q_(x), heads_), k = split_heads(k_(x), heads_), v = split_heads(v_(x), heads_);
+    auto scores = causal_mask(scale(bmm(q, k, false, true), inv_sqrt_dh));
+    auto probs = dropout(softmax(scores), dropout_, training);
+    return out_(merge_heads(bmm(probs, v), heads_));
+  }
+  std::vector<Var<B>> parameters() const {
+    std::vector<Var<B>> p;
+    for (const auto* l : {&q_, &k_, &v_, &out_})
+      for (auto& v : l->parameters()) p.push_back(v);
+    return p;
+  }
+
+ private:
+  std::int64_t heads_;
+  float dropout_;
+  Linear<B> q_, k_, v_, out_;
+};
+
+template <class B>
+class TransformerBlock {
+ public:
+  TransformerBlock(std::int64_t dim, std::int64_t heads, std::int64_t hidden, Init& init, float dropout = 0.0f,
+                   DType dtype = DType::F32, std::string name = "block")
+      : dropout_(dropout),
+        ln1_(dim, 1e-5, dtype, name + ".ln1"),
+        ln2_(dim, 1e-5, dtype, name + ".ln2"),
+        attn_(dim, heads, init, dropout, dtype, name + ".attn"),
+        mlp_(dim, hidden, init, dtype, name + ".mlp") {}
+
+  Var<B> operator()(const Var<B>& x, bool training = true) const {
+    auto h = add(x, dropout(attn_(ln1_(x), training), dropout_, training));
+    return add(h, dropout(mlp_(ln2_(h)), dropout_, training));
+  }
+  std::vector<Var<B>> parameters() const {
+    std::vector<Var<B>> p = ln1_.parameters();
+    for (auto& v : attn_.parameters()) p.push_back(v);
+    for (auto& v : ln2_.parameters()) p.push_back(v);
+    for (auto& v : mlp_.parameters()) p.push_back(v);
+    return p;
+  }
+
+ private:
+  float dropout_;
+  LayerNorm<B> ln1_, ln2_;
+  CausalSelfAttention<B> attn_;
+  Mlp<B> mlp_;
+};
+
+}  // namespace trainmem::nn

@@ -1,0 +1,28 @@
+// trainmem/nn/embedding.hpp — a learned lookup table, N(0, stddev) initialised.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "trainmem/nn/init.hpp"
+#include "trainmem/ops/embedding.hpp"
+
+namespace trainmem::nn {
+
+template <class B>
+class Embedding {
+ public:
+  Embedding(std::int64_t count, std::int64_t dim, Init& init, double stddev = 1.0, DType dtype = DType::F32,
+            std::string name = "embedding") {
+    detail::check(count > 0 && dim > 0, "nn::Embedding: extents must be positive, got ", count, " x ", dim);
+    table_ = init.parameter<B>(Shape{count, dim}, init.normal(count * dim, 0.0, stddev), dtype, name + ".weight");
+  }
+  Var<B> operator()(const Tensor<B>& ids) const { return embedding(table_, ids); }
+  const Var<B>& weight() const { return table_; }
+  std::vector<Var<B>> parameters() const { return {table_}; }
+
+ private:
+  Var<B> table_;
+};
+
+}  // namespace trainmem::nn

@@ -1,0 +1,69 @@
+// trainmem/ops/activation.hpp — relu, gelu (tanh and erf), sigmoid, tanh, exp, log.
+//
+// One template covers them all: forward applies a math functor, backward applies its
+// backward functor to (dy, saved), where saved is the output for relu, sigmoid, tanh
+// and exp and the input for gelu and log. What to save is part of each op's
+// declaration, in one table below.
+#pragma once
+
+#include "trainmem/detail/op_helpers.hpp"
+
+namespace trainmem {
+
+enum class GeluApproximation { Tanh, Erf };
+
+namespace detail {
+
+inline constexpr OpInfo kReluOp{"relu", OpKind::Elementwise, AutocastCategory::Unchanged};
+inline constexpr OpInfo kGeluTanhOp{"gelu_tanh", OpKind::Elementwise, AutocastCategory::Unchanged};
+inline constexpr OpInfo kGeluErfOp{"gelu_erf", OpKind::Elementwise, AutocastCategory::Unchanged};
+inline constexpr OpInfo kSigmoidOp{"sigmoid", OpKind::Elementwise, AutocastCategory::Unchanged};
+inline constexpr OpInfo kTanhOp{"tanh", OpKind::Elementwise, AutocastCategory::Unchanged};
+inline constexpr OpInfo kExpOp{"exp", OpKind::Elementwise, AutocastCategory::Fp32};
+inline constexpr OpInfo kLogOp{"log", OpKind::Elementwise, AutocastCategory::Fp32};
+
+enum class Keep { Input, Output };
+
+template <class Forward, class Backward, Keep keep, class B>
+Var<B> activation(const OpInfo& op, const Var<B>& x) {
+  require_floating(op, x, "x");
+  OpRecorder<B> rec(op, {x}, 8.0 * static_cast<double>(x.numel()));
+  const DType dtype = rec.compute_dtype();
+  Tensor<B> tx = rec.input(0);
+  auto out = rec.compute([&] { return std::vector<Tensor<B>>{unary(Forward{}, tx, dtype)}; });
+  SavedTensor<B> saved = rec.save(keep == Keep::Output ? out[0] : tx);
+  return rec.finish(out[0], [=](const Grads<B>& g) {
+    return Grads<B>{binary(Backward{}, g[0], saved.unpack(), g[0].dtype())};
+  });
+}
+
+}  // namespace detail
+
+template <class B>
+Var<B> relu(const Var<B>& x) {
+  return detail::activation<math::Relu, math::ReluBackward, detail::Keep::Output>(detail::kReluOp, x);
+}
+template <class B>
+Var<B> gelu(const Var<B>& x, GeluApproximation approximation = GeluApproximation::Tanh) {
+  if (approximation == GeluApproximation::Tanh)
+    return detail::activation<math::GeluTanh, math::GeluTanhBackward, detail::Keep::Input>(detail::kGeluTanhOp, x);
+  return detail::activation<math::GeluErf, math::GeluErfBackward, detail::Keep::Input>(detail::kGeluErfOp, x);
+}
+template <class B>
+Var<B> sigmoid(const Var<B>& x) {
+  return detail::activation<math::Sigmoid, math::SigmoidBackward, detail::Keep::Output>(detail::kSigmoidOp, x);
+}
+template <class B>
+Var<B> tanh(const Var<B>& x) {
+  return detail::activation<math::Tanh, math::TanhBackward, detail::Keep::Output>(detail::kTanhOp, x);
+}
+template <class B>
+Var<B> exp(const Var<B>& x) {
+  return detail::activation<math::Exp, math::ExpBackward, detail::Keep::Output>(detail::kExpOp, x);
+}
+template <class B>
+Var<B> log(const Var<B>& x) {
+  return detail::activation<math::Log, math::LogBackward, detail::Keep::Input>(detail::kLogOp, x);
+}
+
+}  // namespace trainmem

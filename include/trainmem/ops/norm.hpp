@@ -1,0 +1,51 @@
+// trainmem/ops/norm.hpp — layer norm over the last dimension.
+//
+// Forward keeps the per-row mean and reciprocal standard deviation (one accumulator
+// value each per row) so backward needs x, not a normalised copy. Statistics
+// accumulate in f32 (f64 for f64); autocast runs layer norm in f32.
+#pragma once
+
+#include "trainmem/detail/op_helpers.hpp"
+
+namespace trainmem {
+
+namespace detail {
+inline constexpr OpInfo kLayerNormOp{"layer_norm", OpKind::Norm, AutocastCategory::Fp32};
+}
+
+/// y = (x - mean) / sqrt(var + eps) * gamma + beta over the last dimension.
+template <class B>
+Var<B> layer_norm(const Var<B>& x, const Var<B>& gamma, const Var<B>& beta, double eps = 1e-5) {
+  const auto& op = detail::kLayerNormOp;
+  detail::require_floating(op, x, "x");
+  detail::require_rank_at_least(op, x, 1, "x");
+  const std::int64_t d = x.shape().back();
+  detail::check(gamma.shape() == Shape{d} && beta.shape() == Shape{d}, "layer_norm: gamma ", gamma.shape(),
+                " and beta ", beta.shape(), " must both be [", d, "] for x ", x.shape());
+  detail::check(eps > 0.0, "layer_norm: eps must be positive, got ", eps);
+  OpRecorder<B> rec(op, {x, gamma, beta}, 8.0 * static_cast<double>(x.numel()));
+  const DType dtype = rec.compute_dtype();
+  const DType stat_dtype = accumulator_dtype(dtype);
+  Tensor<B> tx = rec.input(0), tg = rec.input(1), tb = rec.input(2);
+  const std::int64_t rows = tx.rows();
+  auto out = rec.compute([&] {
+    Tensor<B> y = new_tensor(rec.backend(), tx.shape(), dtype);
+    Tensor<B> mean = new_tensor(rec.backend(), Shape{rows}, stat_dtype);
+    Tensor<B> rstd = new_tensor(rec.backend(), Shape{rows}, stat_dtype);
+    rec.backend().layer_norm(tx, tg, tb, y, mean, rstd, eps);
+    return std::vector<Tensor<B>>{y, mean, rstd};
+  });
+  SavedTensor<B> saved_x = rec.save(tx), saved_gamma = rec.save(tg);
+  SavedTensor<B> saved_mean = rec.save(out[1]), saved_rstd = rec.save(out[2]);
+  return rec.finish(out[0], [=](const Grads<B>& g) {
+    const Tensor<B> xv = saved_x.unpack(), gv = saved_gamma.unpack();
+    Tensor<B> dx = new_tensor(g[0].backend(), xv.shape(), xv.dtype());
+    Tensor<B> dgamma = new_tensor(g[0].backend(), gv.shape(), gv.dtype());
+    Tensor<B> dbeta = new_tensor(g[0].backend(), gv.shape(), gv.dtype());
+    g[0].backend().layer_norm_backward(detail::cast(g[0], xv.dtype()), xv, gv, saved_mean.unpack(), saved_rstd.unpack(), dx,
+                                       dgamma, dbeta);
+    return Grads<B>{dx, dgamma, dbeta};
+  });
+}
+
+}  // namespace trainmem

@@ -1,0 +1,40 @@
+// trainmem/trainmem.hpp — everything for the CPU; include trainmem/cuda.hpp for CUDA.
+#pragma once
+
+#include "trainmem/config.hpp"
+#include "trainmem/error.hpp"
+
+#include "trainmem/core/dtype.hpp"
+#include "trainmem/core/memory_stats.hpp"
+#include "trainmem/core/rng.hpp"
+#include "trainmem/core/tensor.hpp"
+
+#include "trainmem/backend/cpu/backend.hpp"
+
+#include "trainmem/autograd/grad_mode.hpp"
+#include "trainmem/autograd/op_recorder.hpp"
+#include "trainmem/autograd/tape.hpp"
+
+#include "trainmem/ops/activation.hpp"
+#include "trainmem/ops/dropout.hpp"
+#include "trainmem/ops/elementwise.hpp"
+#include "trainmem/ops/embedding.hpp"
+#include "trainmem/ops/loss.hpp"
+#include "trainmem/ops/matmul.hpp"
+#include "trainmem/ops/norm.hpp"
+#include "trainmem/ops/reduction.hpp"
+#include "trainmem/ops/shape.hpp"
+#include "trainmem/ops/softmax.hpp"
+
+#include "trainmem/amp/autocast.hpp"
+#include "trainmem/amp/cast_cache.hpp"
+
+#include "trainmem/nn/attention.hpp"
+#include "trainmem/nn/embedding.hpp"
+#include "trainmem/nn/init.hpp"
+#include "trainmem/nn/layer_norm.hpp"
+#include "trainmem/nn/linear.hpp"
+#include "trainmem/nn/mlp.hpp"
+
+#include "trainmem/optim/adamw.hpp"
+#include "trainmem/optim/sgd.hpp"
