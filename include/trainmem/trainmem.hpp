@@ -38,3 +38,8 @@
 
 #include "trainmem/optim/adamw.hpp"
 #include "trainmem/optim/sgd.hpp"
+
+#include "trainmem/checkpoint/policy.hpp"
+#include "trainmem/checkpoint/region.hpp"
+#include "trainmem/checkpoint/replay_state.hpp"
+#include "trainmem/checkpoint/sequential.hpp"

@@ -1,0 +1,53 @@
+// trainmem/amp/scale_update.hpp — one step of the dynamic loss-scale rule.
+//
+// Written once as a TRAINMEM_HOST_DEVICE function so the CPU backend runs it inline
+// and the CUDA backend runs it in a one-thread kernel next to the gradients (no host
+// sync per step). PyTorch's rule (torch.amp.GradScaler / _amp_update_scale_): on an
+// overflow, multiply the scale by the backoff factor and restart the growth count; on
+// `growth_interval` clean steps in a row, multiply it by the growth factor if the
+// result stays finite. Added, as DeepSpeed does: min/max scale, and hysteresis — back
+// off only after `hysteresis` consecutive overflows (a clean step re-arms it).
+#pragma once
+
+#include <cstdint>
+
+#include "trainmem/config.hpp"
+
+namespace trainmem::amp {
+
+struct ScaleUpdateArgs {
+  float growth_factor = 2.0f;
+  float backoff_factor = 0.5f;
+  std::int32_t growth_interval = 2000;
+  float min_scale = 0.0f;
+  float max_scale = 3.4028234663852886e38f;
+  std::int32_t hysteresis = 1;  // 1: back off on every overflow (PyTorch)
+};
+
+/// Updates (scale, growth_tracker, hysteresis_left) in place given whether this step overflowed.
+TRAINMEM_HOST_DEVICE void update_scale_state(float& scale, std::int32_t& growth_tracker, std::int32_t& hysteresis_left,
+                                             bool found_inf, const ScaleUpdateArgs& args) {
+  if (found_inf) {
+    growth_tracker = 0;
+    if (hysteresis_left > 1) {
+      --hysteresis_left;
+      return;
+    }
+    const float backed_off = scale * args.backoff_factor;
+    scale = backed_off < args.min_scale ? args.min_scale : backed_off;
+    return;
+  }
+  hysteresis_left = args.hysteresis;
+  const std::int32_t successful = growth_tracker + 1;
+  if (successful >= args.growth_interval) {
+    float grown = scale * args.growth_factor;
+    if (grown > args.max_scale) grown = args.max_scale;
+    const bool finite = grown - grown == 0.0f;  // false for inf and NaN
+    if (finite) scale = grown;
+    growth_tracker = 0;
+  } else {
+    growth_tracker = successful;
+  }
+}
+
+}  // namespace trainmem::amp
