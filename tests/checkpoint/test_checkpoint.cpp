@@ -1,0 +1,354 @@
+// Checkpoint regions: recompute reproduces the forward bit for bit, saves what the
+// closed form says, and fails loudly when it cannot reproduce it.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <functional>
+#include <vector>
+
+#include "trainmem/trainmem.hpp"
+
+using namespace trainmem;
+using B = cpu::Backend;
+using T = Tensor<B>;
+
+namespace {
+
+std::vector<float> wave(std::size_t n, double phase) {
+  std::vector<float> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<float>(std::sin(0.37 * static_cast<double>(i) + phase));
+  return v;
+}
+
+/// A residual MLP chain: x + L2(gelu(L1(ln(x)))) per block, dropout optional.
+struct Chain {
+  Chain(int blocks, std::int64_t dim, std::int64_t hidden, float dropout_p, B& backend = B::default_instance())
+      : p(dropout_p) {
+    nn::Init init(11);
+    for (int i = 0; i < blocks; ++i) {
+      up.emplace_back(dim, hidden, init);
+      down.emplace_back(hidden, dim, init);
+      norm.emplace_back(dim);
+    }
+    (void)backend;
+    for (int i = 0; i < blocks; ++i)
+      layers.push_back([this, i](const Var<B>& x) { return add(x, dropout(down[i](gelu(up[i](norm[i](x)))), p)); });
+  }
+  std::vector<Var<B>> parameters() const {
+    std::vector<Var<B>> ps;
+    for (std::size_t i = 0; i < up.size(); ++i) {
+      for (auto& v : up[i].parameters()) ps.push_back(v);
+      for (auto& v : down[i].parameters()) ps.push_back(v);
+      for (auto& v : norm[i].parameters()) ps.push_back(v);
+    }
+    return ps;
+  }
+  float p;
+  std::vector<nn::Linear<B>> up, down;
+  std::vector<nn::LayerNorm<B>> norm;
+  std::vector<Layer<B>> layers;
+};
+
+using Schedule = std::function<Var<B>(Tape<B>&, const std::vector<Layer<B>>&, const Var<B>&)>;
+
+Var<B> run_plain(Tape<B>&, const std::vector<Layer<B>>& layers, const Var<B>& x) {
+  Var<B> h = x;
+  for (const auto& layer : layers) h = layer(h);
+  return h;
+}
+Schedule each_block(CheckpointOptions options = {}) {
+  return [options](Tape<B>& tape, const std::vector<Layer<B>>& layers, const Var<B>& x) {
+    Var<B> h = x;
+    for (const auto& layer : layers) h = checkpoint(tape, options, layer, h);
+    return h;
+  };
+}
+
+/// Gradients of every parameter and of the input, as raw floats, after one backward.
+std::vector<std::vector<float>> gradients(Chain& chain, const Schedule& schedule, std::int64_t batch, std::int64_t dim) {
+  for (auto& p : chain.parameters()) p.zero_grad();
+  Tape<B> tape;
+  tape.manual_seed(1234);
+  auto x = tape.input(T::from_host({batch, dim}, wave(static_cast<std::size_t>(batch * dim), 0.1)), true, "x");
+  auto loss = mean(schedule(tape, chain.layers, x));
+  tape.backward(loss);
+  std::vector<std::vector<float>> grads{x.grad().to_host(), loss.value().to_host()};
+  for (auto& p : chain.parameters()) grads.push_back(p.grad().to_host());
+  return grads;
+}
+
+}  // namespace
+
+TEST_CASE("every schedule gives gradients bitwise identical to the plain run (MLP chain, dropout on)",
+          "[checkpoint]") {
+  Chain chain(9, 8, 16, 0.25f);
+  const auto reference = gradients(chain, run_plain, 4, 8);
+  CheckpointOptions selective;
+  selective.policy = policy::save_matmuls();
+  CheckpointOptions predicate;
+  predicate.policy = policy::save_if([](OpKind kind, std::size_t bytes, double) { return kind == OpKind::Norm && bytes > 100; });
+  const std::vector<std::pair<const char*, Schedule>> schedules = {
+      {"every block", each_block()},
+      {"sqrt(N) segments", [](Tape<B>& t, const auto& l, const Var<B>& x) { return checkpoint_sequential(t, l, x); }},
+      {"every 2", [](Tape<B>& t, const auto& l, const Var<B>& x) { return checkpoint_sequential(t, l, 5, x); }},
+      {"one segment", [](Tape<B>& t, const auto& l, const Var<B>& x) { return checkpoint(t, [&](const Var<B>& h) { return run_plain(t, l, h); }, x); }},
+      {"selective", each_block(selective)},
+      {"predicate", each_block(predicate)},
+      {"checksum-checked", each_block(CheckpointOptions{policy::recompute_all(), DeterminismCheck::Checksum})},
+      {"bitwise-checked", each_block(CheckpointOptions{policy::recompute_all(), DeterminismCheck::Bitwise})},
+      {"nested", [](Tape<B>& t, const auto& l, const Var<B>& x) {
+         return checkpoint(t, [&](const Var<B>& h) {
+           Var<B> y = h;
+           for (const auto& layer : l) y = checkpoint(t, layer, y);
+           return y;
+         }, x);
+       }},
+  };
+  for (const auto& [name, schedule] : schedules) {
+    INFO("schedule: " << name);
+    const auto before = checkpoint_stats().recomputes;
+    CHECK(gradients(chain, schedule, 4, 8) == reference);
+    CHECK(checkpoint_stats().recomputes > before);
+  }
+}
+
+TEST_CASE("transformer blocks with dropout: checkpointed gradients are bitwise identical", "[checkpoint]") {
+  nn::Init init(5);
+  std::vector<nn::TransformerBlock<B>> blocks;
+  for (int i = 0; i < 3; ++i) blocks.emplace_back(8, 2, 16, init, 0.2f);
+  std::vector<Layer<B>> layers;
+  for (auto& b : blocks) layers.push_back([&b](const Var<B>& x) { return b(x); });
+  auto grads = [&](const Schedule& schedule) {
+    for (auto& b : blocks)
+      for (auto& p : b.parameters()) p.zero_grad();
+    Tape<B> tape;
+    tape.manual_seed(99);
+    auto x = tape.input(T::from_host({2, 5, 8}, wave(80, 0.3)), true);
+    tape.backward(mean(schedule(tape, layers, x)));
+    std::vector<std::vector<float>> g{x.grad().to_host()};
+    for (auto& b : blocks)
+      for (auto& p : b.parameters()) g.push_back(p.grad().to_host());
+    return g;
+  };
+  const auto reference = grads(run_plain);
+  CheckpointOptions selective;
+  selective.policy = policy::save_matmuls();
+  CHECK(grads(each_block()) == reference);
+  CHECK(grads(each_block(selective)) == reference);
+  CHECK(grads([](Tape<B>& t, const auto& l, const Var<B>& x) { return checkpoint_sequential(t, l, 2, x); }) == reference);
+}
+
+TEST_CASE("a region under bf16 autocast recomputes in bf16 even when backward runs outside the guard",
+          "[checkpoint][amp]") {
+  Chain chain(4, 8, 16, 0.1f);
+  auto run = [&](bool use_checkpoint) {
+    for (auto& p : chain.parameters()) p.zero_grad();
+    Tape<B> tape;
+    tape.manual_seed(7);
+    auto x = tape.input(T::from_host({4, 8}, wave(32, 0.2)), true);
+    Var<B> loss;
+    {
+      amp::Autocast guard(DType::BF16);
+      Var<B> h = x;
+      for (const auto& layer : chain.layers) h = use_checkpoint ? checkpoint(tape, layer, h) : layer(h);
+      loss = mean(h);
+    }
+    tape.backward(loss);  // outside the guard: recompute must restore bf16 itself
+    std::vector<std::vector<float>> g{x.grad().to_host()};
+    for (auto& p : chain.parameters()) g.push_back(p.grad().to_host());
+    return g;
+  };
+  CHECK(run(true) == run(false));
+}
+
+TEST_CASE("saved-activation bytes match the closed form for plain, every-block and sqrt(N) schedules",
+          "[checkpoint][memory]") {
+  // Per block, in f32 with no dropout, backward keeps: layer_norm's x [b,d], mean [b], rstd [b];
+  // L1's input [b,d]; gelu's input [b,h]; L2's input [b,h]. A = 4 b (2d + 2h + 2).
+  constexpr std::int64_t b = 4, d = 8, h = 16;
+  constexpr std::int64_t block_bytes = 4 * b * (2 * d + 2 * h + 2);
+  constexpr std::int64_t boundary_bytes = 4 * b * d;  // a segment's kept input
+  auto peak_saved = [&](int n, const Schedule& schedule) {
+    B backend;
+    Chain chain(n, d, h, 0.0f);
+    Tape<B> tape(backend);
+    auto x = tape.input(T::from_host({b, d}, wave(b * d, 0.5), DType::F32, MemCategory::Temporary, backend));
+    // Parameters live on the default backend; only activations are counted on `backend`.
+    auto y = schedule(tape, chain.layers, x);
+    auto loss = sum(y);
+    const auto forward_peak = backend.memory().peak(MemCategory::SavedActivation);
+    tape.backward(loss);
+    return std::pair{forward_peak, backend.memory().peak(MemCategory::SavedActivation)};
+  };
+  SECTION("plain: N A") {
+    const auto [fwd, all] = peak_saved(9, run_plain);
+    CHECK(fwd == 9 * block_bytes);
+    CHECK(all == 9 * block_bytes);
+  }
+  SECTION("every block: N boundaries in forward, plus one block's recompute in backward") {
+    const auto [fwd, all] = peak_saved(9, each_block());
+    CHECK(fwd == 9 * boundary_bytes);
+    CHECK(all == 8 * boundary_bytes + block_bytes);
+  }
+  SECTION("sqrt(N) = 3 segments of 3: (k-1) boundaries + the last segment") {
+    const auto [fwd, all] = peak_saved(9, [](Tape<B>& t, const auto& l, const Var<B>& x) { return checkpoint_sequential(t, l, x); });
+    CHECK(fwd == 2 * boundary_bytes + 3 * block_bytes);
+    CHECK(all == 2 * boundary_bytes + 3 * block_bytes);
+  }
+  SECTION("selective keeps the two matmul outputs per block instead of recomputing them") {
+    CheckpointOptions selective;
+    selective.policy = policy::save_matmuls();
+    const auto [fwd, all] = peak_saved(9, each_block(selective));
+    // kept: the block input, L1's output [b,h] (gelu's input) and L2's output [b,d] (the next block's input side).
+    CHECK(fwd == 9 * (boundary_bytes + 4 * b * h + 4 * b * d));
+    CHECK(all >= fwd);
+  }
+}
+
+TEST_CASE("OFFLOAD on the CPU keeps the tensors as SAVE does; a budget turns PREFER_SAVE into recompute",
+          "[checkpoint][policy]") {
+  Chain chain(3, 8, 16, 0.0f);
+  const auto reference = gradients(chain, run_plain, 4, 8);
+  CheckpointOptions offload;
+  offload.policy = policy::offload_matmuls();
+  CHECK(gradients(chain, each_block(offload), 4, 8) == reference);
+
+  CheckpointOptions everything;
+  everything.policy = policy::save_if([](OpKind, std::size_t, double) { return true; });
+  CheckpointOptions budgeted = everything;
+  budgeted.memory_budget = 0;
+  auto kept = [&](const CheckpointOptions& o) {
+    B backend;
+    Tape<B> tape(backend);
+    auto x = tape.input(T::from_host({4, 8}, wave(32, 0.5), DType::F32, MemCategory::Temporary, backend));
+    auto y = each_block(o)(tape, chain.layers, x);
+    return backend.memory().live(MemCategory::SavedActivation);
+  };
+  CHECK(kept(budgeted) == 3 * 4 * 4 * 8);  // only the three block inputs
+  CHECK(kept(everything) > kept(budgeted));
+}
+
+TEST_CASE("checkpoint_name with save_names keeps the named tensor and skips its producer in recompute",
+          "[checkpoint][policy]") {
+  nn::Init init(3);
+  nn::Linear<B> up(8, 16, init), down(16, 8, init);
+  auto block = [&](const Var<B>& x) { return down(relu(checkpoint_name(up(x), "up_out"))); };
+  auto grads = [&](bool use_checkpoint) {
+    for (auto& p : up.parameters()) p.zero_grad();
+    for (auto& p : down.parameters()) p.zero_grad();
+    Tape<B> tape;
+    auto x = tape.input(T::from_host({4, 8}, wave(32, 0.9)), true);
+    CheckpointOptions named;
+    named.policy = policy::save_names({"up_out"});
+    auto y = use_checkpoint ? checkpoint(tape, named, block, x) : block(x);
+    tape.backward(sum(y));
+    return std::vector<std::vector<float>>{x.grad().to_host(), up.weight().grad().to_host(), down.weight().grad().to_host()};
+  };
+  const auto reference = grads(false);
+  const auto reused_before = checkpoint_stats().ops_reused;
+  CHECK(grads(true) == reference);
+  CHECK(checkpoint_stats().ops_reused == reused_before + 1);  // `up` was not recomputed
+}
+
+TEST_CASE("retain_graph lets a checkpointed graph run backward twice; without it the second throws",
+          "[checkpoint][errors]") {
+  Chain chain(2, 8, 16, 0.0f);
+  auto once = gradients(chain, each_block(), 4, 8);
+  for (auto& p : chain.parameters()) p.zero_grad();
+  Tape<B> tape;
+  tape.manual_seed(1234);
+  auto x = tape.input(T::from_host({4, 8}, wave(32, 0.1)), true, "x");
+  auto loss = mean(each_block()(tape, chain.layers, x));
+  tape.backward(loss, {}, true);
+  tape.backward(loss, {}, false);
+  auto twice = x.grad().to_host();
+  for (std::size_t i = 0; i < twice.size(); ++i) CHECK(twice[i] == Approx(2.0f * once[0][i]));
+  REQUIRE_THROWS_WITH(tape.backward(loss), Catch::Contains("freed by an earlier backward") &&
+                                               Catch::Contains("retain_graph"));
+}
+
+TEST_CASE("a region input modified in place before backward is detected", "[checkpoint][errors]") {
+  Chain chain(2, 8, 16, 0.0f);
+  Tape<B> tape;
+  auto x = tape.input(T::from_host({4, 8}, wave(32, 0.1)), true, "x");
+  auto loss = mean(each_block()(tape, chain.layers, x));
+  x.value().copy_from(T::from_host({4, 8}, wave(32, 0.7)));
+  REQUIRE_THROWS_AS(tape.backward(loss), Error);
+  try {
+    Tape<B> again;
+    auto x2 = again.input(T::from_host({4, 8}, wave(32, 0.1)), true, "x");
+    auto loss2 = mean(each_block()(again, chain.layers, x2));
+    x2.value().copy_from(T::from_host({4, 8}, wave(32, 0.7)));
+    again.backward(loss2);
+    FAIL("no error");
+  } catch (const Error& e) {
+    WARN("message: " << e.what());
+    CHECK_THAT(e.what(), Catch::Contains("checkpoint (region input)") && Catch::Contains("modified in place"));
+  }
+}
+
+TEST_CASE("a recompute that differs from its forward throws CheckpointError naming the op", "[checkpoint][errors]") {
+  nn::Init init(2);
+  nn::Linear<B> layer(8, 8, init);
+  SECTION("a different shape") {
+    int calls = 0;
+    auto fickle = [&](const Var<B>& x) {
+      ++calls;
+      return relu(calls == 1 ? layer(x) : layer(reshape(x, Shape{2, 2, 8})));
+    };
+    Tape<B> tape;
+    auto x = tape.input(T::from_host({4, 8}, wave(32, 0.1)), true);
+    auto loss = sum(checkpoint(tape, fickle, x));
+    try {
+      tape.backward(loss);
+      FAIL("no error");
+    } catch (const CheckpointError& e) {
+      WARN("message: " << e.what());
+      CHECK_THAT(e.what(), Catch::Contains("not deterministic") && Catch::Contains("linear") &&
+                               Catch::Contains("[4, 8]") && Catch::Contains("[2, 2, 8]"));
+    }
+  }
+  SECTION("a different op") {
+    int calls = 0;
+    auto fickle = [&](const Var<B>& x) { return ++calls == 1 ? relu(layer(x)) : sigmoid(layer(x)); };
+    Tape<B> tape;
+    auto x = tape.input(T::from_host({4, 8}, wave(32, 0.1)), true);
+    auto loss = sum(checkpoint(tape, fickle, x));
+    REQUIRE_THROWS_AS(tape.backward(loss), CheckpointError);
+  }
+  SECTION("different values: caught by the checksum and bitwise checks, not by metadata") {
+    for (auto mode : {DeterminismCheck::Checksum, DeterminismCheck::Bitwise}) {
+      int calls = 0;
+      auto fickle = [&](const Var<B>& x) { return relu(layer(scale(x, ++calls == 1 ? 1.0 : 1.5))); };
+      Tape<B> tape;
+      auto x = tape.input(T::from_host({4, 8}, wave(32, 0.1)), true);
+      auto loss = sum(checkpoint(tape, CheckpointOptions{policy::recompute_all(), mode}, fickle, x));
+      try {
+        tape.backward(loss);
+        FAIL("no error");
+      } catch (const CheckpointError& e) {
+        WARN("message: " << e.what());
+        CHECK_THAT(e.what(), Catch::Contains("values of saved tensor"));
+      }
+    }
+    int calls = 0;
+    auto fickle = [&](const Var<B>& x) { return relu(layer(scale(x, ++calls == 1 ? 1.0 : 1.5))); };
+    Tape<B> tape;
+    auto x = tape.input(T::from_host({4, 8}, wave(32, 0.1)), true);
+    auto loss = sum(checkpoint(tape, fickle, x));
+    CHECK_NOTHROW(tape.backward(loss));  // metadata alone cannot see a value change
+  }
+}
+
+TEST_CASE("checkpoint under no_grad just runs the function", "[checkpoint]") {
+  nn::Init init(2);
+  nn::Linear<B> layer(8, 8, init);
+  Tape<B> tape;
+  auto x = tape.input(T::from_host({4, 8}, wave(32, 0.1)));
+  NoGradGuard no_grad;
+  const auto regions = checkpoint_stats().regions;
+  auto y = checkpoint(tape, [&](const Var<B>& v) { return layer(v); }, x);
+  CHECK(checkpoint_stats().regions == regions);
+  CHECK(tape.size() == 0);
+  CHECK(y.value().to_host() == layer(x).value().to_host());
+}
