@@ -10,6 +10,12 @@
 //  - autograd: `finish(output, backward)` records a Node whose edges route each
 //    input's gradient, and returns the output Var.
 // With grad mode off or no input requiring grad, nothing is saved or recorded.
+//
+// NOTE [Save order]
+// Ops save the inputs they need before computing and their outputs after. A region's
+// recompute stops at the last save it has to reproduce; saving inputs first means an
+// op whose only contribution to backward is its saved inputs (the last matmul of a
+// block) is never recomputed.
 #pragma once
 
 #include <functional>

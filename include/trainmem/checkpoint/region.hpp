@@ -12,9 +12,12 @@
 // saved inputs under the replay state captured at entry (RNG, autocast, cast cache),
 // into a scratch node list; ops whose outputs were kept hand them back instead of
 // computing (so selective recompute skips the matmuls), and the k-th save of the
-// recompute fills the slot of the k-th save of the forward. Each slot is freed once
-// unpacked. Recompute must reproduce the forward: the number, op, shape and dtype of
-// every save are always compared (CheckpointError otherwise), values on request.
+// recompute fills the slot of the k-th save of the forward. Recompute stops as soon as
+// the last slot is filled (as PyTorch's non-reentrant checkpoint does): the ops after
+// it are never rerun, and an output kept by the policy that neither backward nor that
+// shortened recompute can use is released when the region's forward ends. Each slot
+// is freed once unpacked. Recompute must reproduce the forward: the op, shape and
+// dtype of every save are compared (CheckpointError otherwise), values on request.
 #pragma once
 
 #include <cstdint>
@@ -126,6 +129,7 @@ class Region final : public SaveHook<B>, public Unpacker<B>, public std::enable_
 
   void on_outputs(std::int64_t op_index, const OpInfo& op, double flops, const std::vector<Tensor<B>>& outputs) override {
     if (replaying_) return;
+    compute_event_[op_index] = events_++;
     output_counts_[op_index] = outputs.size();
     std::size_t bytes = 0;
     for (const auto& t : outputs) bytes += t.bytes();
@@ -139,11 +143,15 @@ class Region final : public SaveHook<B>, public Unpacker<B>, public std::enable_
     }
     const bool alive = tensor.category() == MemCategory::Parameter || tensor.category() == MemCategory::MasterWeight ||
                        alive_.count(tensor.storage().get()) != 0;
+    const std::int64_t event = events_++;
+    packed_.insert(tensor.storage().get());
     PackRecord record{-1, tensor.shape(), tensor.dtype(), info.op->name, 0, {}};
     if (alive) {
       packs_.push_back(std::move(record));
       return SavedTensor<B>::keep(tensor, info.op->name);
     }
+    last_placeholder_event_ = event;
+    last_placeholder_pack_ = packs_.size();
     record.slot = static_cast<std::int64_t>(slots_.size());
     slots_.emplace_back();
     if (options_.determinism == DeterminismCheck::Checksum) record.checksum = fnv1a(host_bytes(tensor));
@@ -159,6 +167,23 @@ class Region final : public SaveHook<B>, public Unpacker<B>, public std::enable_
     Tensor<B> t = std::move(slots_[static_cast<std::size_t>(slot)]);
     slots_[static_cast<std::size_t>(slot)] = Tensor<B>();
     return t;
+  }
+
+  /// The region's forward has returned: release kept outputs that no saved tensor refers
+  /// to and that the recompute (which stops at the last placeholder) will never reach.
+  void finish_forward() {
+    for (auto it = kept_.begin(); it != kept_.end();) {
+      bool referenced = false;
+      for (const auto& t : it->second) referenced = referenced || packed_.count(t.storage().get()) != 0;
+      const auto computed = compute_event_.find(it->first);
+      const bool reachable = computed != compute_event_.end() && computed->second < last_placeholder_event_;
+      if (!referenced && !reachable) {
+        for (const auto& t : it->second) kept_bytes_ -= t.bytes();
+        it = kept_.erase(it);
+      } else {
+        ++it;
+      }
+    }
   }
 
   /// checkpoint_name: lets the policy keep `x` under `name` (and skip its producer in recompute).
@@ -230,7 +255,10 @@ class Region final : public SaveHook<B>, public Unpacker<B>, public std::enable_
                                    "checkpoint: recompute is not deterministic: saved tensor #", k, " was ", r.dtype,
                                    " ", r.shape, " from op '", r.op, "' in forward, but ", tensor.dtype(), " ",
                                    tensor.shape(), " from op '", info.op->name, "' in recompute");
-    if (r.slot < 0) return;
+    if (r.slot < 0) {
+      if (k == last_placeholder_pack_) throw StopRecompute{};
+      return;
+    }
     if (options_.determinism == DeterminismCheck::Checksum)
       detail::check<CheckpointError>(fnv1a(host_bytes(tensor)) == r.checksum,
                                      "checkpoint: recompute is not deterministic: values of saved tensor #", k,
@@ -241,7 +269,11 @@ class Region final : public SaveHook<B>, public Unpacker<B>, public std::enable_
                                      " (op '", r.op, "', ", r.shape, ") differ bitwise from the forward");
     if (tensor.category() == MemCategory::Temporary) tensor.storage()->retag(MemCategory::SavedActivation);
     slots_[static_cast<std::size_t>(r.slot)] = tensor;
+    if (k == last_placeholder_pack_) throw StopRecompute{};  // every slot is filled
   }
+
+  /// Thrown through fn to end a recompute early; never escapes the region.
+  struct StopRecompute {};
 
   void recompute() {
     ++checkpoint_stats().recomputes;
@@ -270,9 +302,12 @@ class Region final : public SaveHook<B>, public Unpacker<B>, public std::enable_
         Tape<B>& tape;
         ~PopHook() { tape.pop_hook(); }
       } pop{tape_};
-      body_(inputs);
-      detail::check<CheckpointError>(pack_cursor_ == packs_.size(), "checkpoint: recompute is not deterministic: "
-                                     "the forward saved ", packs_.size(), " tensors, the recompute ", pack_cursor_);
+      try {
+        body_(inputs);
+        detail::check<CheckpointError>(false, "checkpoint: recompute is not deterministic: the forward saved ",
+                                       packs_.size(), " tensors, the recompute only ", pack_cursor_);
+      } catch (const StopRecompute&) {
+      }
     }
     if constexpr (CanOffload<B>) {
       for (auto& [index, entry] : offloaded_) entry.fetched.clear();
@@ -301,6 +336,11 @@ class Region final : public SaveHook<B>, public Unpacker<B>, public std::enable_
   std::unordered_map<std::int64_t, std::size_t> output_counts_;
   std::unordered_map<std::int64_t, Offloaded<HostCopy>> offloaded_;
   std::vector<std::vector<Tensor<B>>> named_;
+  std::set<const void*> packed_;  // storages some op saved (directly or as a placeholder)
+  std::unordered_map<std::int64_t, std::int64_t> compute_event_;
+  std::int64_t events_ = 0;  // packs and computes of the forward, in order
+  std::int64_t last_placeholder_event_ = -1;
+  std::size_t last_placeholder_pack_ = std::numeric_limits<std::size_t>::max();
   std::size_t kept_bytes_ = 0;
   std::vector<PackRecord> packs_;
   std::vector<Tensor<B>> slots_;
@@ -339,7 +379,9 @@ auto checkpoint(Tape<B>& tape, const CheckpointOptions& options, Fn&& fn, const 
     Tape<B>& tape;
     ~PopHook() { tape.pop_hook(); }
   } pop{tape};
-  return (*shared_fn)(inputs...);
+  auto result = (*shared_fn)(inputs...);
+  region->finish_forward();
+  return result;
 }
 
 /// checkpoint with the default options: full recompute, metadata determinism check.

@@ -30,8 +30,10 @@ Var<B> activation(const OpInfo& op, const Var<B>& x) {
   OpRecorder<B> rec(op, {x}, 8.0 * static_cast<double>(x.numel()));
   const DType dtype = rec.compute_dtype();
   Tensor<B> tx = rec.input(0);
+  // Inputs are saved before computing, outputs after (see NOTE [Save order] in op_recorder.hpp).
+  SavedTensor<B> saved = keep == Keep::Input ? rec.save(tx) : SavedTensor<B>();
   auto out = rec.compute([&] { return std::vector<Tensor<B>>{unary(Forward{}, tx, dtype)}; });
-  SavedTensor<B> saved = rec.save(keep == Keep::Output ? out[0] : tx);
+  if (keep == Keep::Output) saved = rec.save(out[0]);
   return rec.finish(out[0], [=](const Grads<B>& g) {
     return Grads<B>{binary(Backward{}, g[0], saved.unpack(), g[0].dtype())};
   });

@@ -70,10 +70,10 @@ Var<B> mul(const Var<B>& a, const Var<B>& b) {
   OpRecorder<B> rec(op, {a, b}, static_cast<double>(a.numel()));
   const DType dtype = rec.compute_dtype();
   Tensor<B> ta = rec.input(0), tb = rec.input(1);
-  auto out = rec.compute([&] { return std::vector<Tensor<B>>{detail::binary(math::Mul{}, ta, tb, dtype)}; });
   const bool need_a = rec.needs_grad(0), need_b = rec.needs_grad(1);
   SavedTensor<B> saved_a = need_b ? rec.save(ta) : SavedTensor<B>();
   SavedTensor<B> saved_b = need_a ? rec.save(tb) : SavedTensor<B>();
+  auto out = rec.compute([&] { return std::vector<Tensor<B>>{detail::binary(math::Mul{}, ta, tb, dtype)}; });
   const Shape b_shape = b.shape();
   return rec.finish(out[0], [=](const Grads<B>& g) {
     Grads<B> grads(2);

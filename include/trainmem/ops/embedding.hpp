@@ -31,12 +31,12 @@ Var<B> embedding(const Var<B>& weight, const Tensor<B>& ids) {
   OpRecorder<B> rec(op, {weight}, 0.0);
   const DType dtype = rec.compute_dtype();
   Tensor<B> tw = rec.input(0);
+  SavedTensor<B> saved_ids = rec.save(ids);
   auto out = rec.compute([&] {
     Tensor<B> y = new_tensor(rec.backend(), out_shape, dtype);
     rec.backend().embedding(tw, ids, y);
     return std::vector<Tensor<B>>{y};
   });
-  SavedTensor<B> saved_ids = rec.save(ids);
   const Shape w_shape = weight.shape();
   return rec.finish(out[0], [=](const Grads<B>& g) {
     Tensor<B> dw = Tensor<B>::zeros(w_shape, g[0].dtype(), MemCategory::Temporary, g[0].backend());

@@ -26,13 +26,14 @@ Var<B> cross_entropy(const Var<B>& logits, const Tensor<B>& labels) {
   const DType dtype = rec.compute_dtype();
   const DType acc = accumulator_dtype(dtype);
   Tensor<B> tl = rec.input(0);
+  SavedTensor<B> saved_logits = rec.save(tl), saved_labels = rec.save(labels);
   auto out = rec.compute([&] {
     Tensor<B> loss = new_tensor(rec.backend(), Shape{}, acc);
     Tensor<B> lse = new_tensor(rec.backend(), Shape{tl.shape()[0]}, acc);
     rec.backend().cross_entropy(tl, labels, loss, lse);
     return std::vector<Tensor<B>>{loss, lse};
   });
-  SavedTensor<B> saved_logits = rec.save(tl), saved_labels = rec.save(labels), saved_lse = rec.save(out[1]);
+  SavedTensor<B> saved_lse = rec.save(out[1]);
   return rec.finish(out[0], [=](const Grads<B>& g) {
     const Tensor<B> lv = saved_logits.unpack();
     Tensor<B> dlogits = new_tensor(lv.backend(), lv.shape(), lv.dtype());

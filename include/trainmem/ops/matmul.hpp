@@ -41,14 +41,14 @@ Var<B> matmul_impl(const OpInfo& info, const Var<B>& a, const Var<B>& b, bool tr
   OpRecorder<B> rec(info, {a, b}, 2.0 * batch * m * n * k);
   const DType dtype = rec.compute_dtype();
   Tensor<B> ta = rec.input(0), tb = rec.input(1);
+  const bool need_a = rec.needs_grad(0), need_b = rec.needs_grad(1);
+  SavedTensor<B> saved_a = need_b ? rec.save(ta) : SavedTensor<B>();
+  SavedTensor<B> saved_b = need_a ? rec.save(tb) : SavedTensor<B>();
   auto out = rec.compute([&] {
     Tensor<B> c = new_tensor(rec.backend(), out_shape, dtype);
     gemm(ta, trans_a, tb, trans_b, c, batch, m, n, k);
     return std::vector<Tensor<B>>{c};
   });
-  const bool need_a = rec.needs_grad(0), need_b = rec.needs_grad(1);
-  SavedTensor<B> saved_a = need_b ? rec.save(ta) : SavedTensor<B>();
-  SavedTensor<B> saved_b = need_a ? rec.save(tb) : SavedTensor<B>();
   const Shape shape_a = ta.shape(), shape_b = tb.shape();
   return rec.finish(out[0], [=](const Grads<B>& g) {
     const Tensor<B>& dc = g[0];
@@ -129,15 +129,15 @@ Var<B> linear(const Var<B>& x, const Var<B>& weight, const Var<B>& bias = Var<B>
   const DType dtype = rec.compute_dtype();
   Tensor<B> tx = rec.input(0), tw = rec.input(1);
   Tensor<B> tb = has_bias ? rec.input(2) : Tensor<B>();
+  const bool need_x = rec.needs_grad(0), need_w = rec.needs_grad(1), need_b = has_bias && rec.needs_grad(2);
+  SavedTensor<B> saved_x = need_w ? rec.save(tx) : SavedTensor<B>();
+  SavedTensor<B> saved_w = need_x ? rec.save(tw) : SavedTensor<B>();
   auto out = rec.compute([&] {
     Tensor<B> y = new_tensor(rec.backend(), out_shape, dtype);
     detail::gemm(tx, false, tw, true, y, 1, rows, out_features, in);
     if (has_bias) rec.backend().map(math::Add{}, y, tb, y);
     return std::vector<Tensor<B>>{y};
   });
-  const bool need_x = rec.needs_grad(0), need_w = rec.needs_grad(1), need_b = has_bias && rec.needs_grad(2);
-  SavedTensor<B> saved_x = need_w ? rec.save(tx) : SavedTensor<B>();
-  SavedTensor<B> saved_w = need_x ? rec.save(tw) : SavedTensor<B>();
   const Shape x_shape = x.shape(), w_shape = weight.shape();
   return rec.finish(out[0], [=](const Grads<B>& g) {
     const Tensor<B> dy = g[0];

@@ -28,6 +28,7 @@ Var<B> layer_norm(const Var<B>& x, const Var<B>& gamma, const Var<B>& beta, doub
   const DType stat_dtype = accumulator_dtype(dtype);
   Tensor<B> tx = rec.input(0), tg = rec.input(1), tb = rec.input(2);
   const std::int64_t rows = tx.rows();
+  SavedTensor<B> saved_x = rec.save(tx), saved_gamma = rec.save(tg);
   auto out = rec.compute([&] {
     Tensor<B> y = new_tensor(rec.backend(), tx.shape(), dtype);
     Tensor<B> mean = new_tensor(rec.backend(), Shape{rows}, stat_dtype);
@@ -35,7 +36,6 @@ Var<B> layer_norm(const Var<B>& x, const Var<B>& gamma, const Var<B>& beta, doub
     rec.backend().layer_norm(tx, tg, tb, y, mean, rstd, eps);
     return std::vector<Tensor<B>>{y, mean, rstd};
   });
-  SavedTensor<B> saved_x = rec.save(tx), saved_gamma = rec.save(tg);
   SavedTensor<B> saved_mean = rec.save(out[1]), saved_rstd = rec.save(out[2]);
   return rec.finish(out[0], [=](const Grads<B>& g) {
     const Tensor<B> xv = saved_x.unpack(), gv = saved_gamma.unpack();
