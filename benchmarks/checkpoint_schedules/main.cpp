@@ -1,0 +1,273 @@
+// checkpoint_schedules — memory saved and time paid by each checkpoint schedule.
+//
+// A deep residual MLP chain (N blocks of x + Linear(GELU(Linear(LayerNorm(x))))), the
+// same width for every N, one training step (forward, backward, SGD update) per
+// measurement. For each N and schedule it reports peak saved-activation bytes and peak
+// total bytes from MemoryStats, the median step time, and both as ratios to the plain
+// step measured in the same run; schedules are timed round-robin so that machine noise
+// hits them alike. Writes a JSON file and an SVG chart (memory against time overhead).
+//
+//   checkpoint_schedules [--sizes 16,64,256,1024] [--width 128] [--hidden 512] [--batch 64]
+//                        [--reps 5] [--every 4] [--json out.json] [--svg out.svg]
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <iostream>
+#include <iomanip>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "trainmem/trainmem.hpp"
+
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+
+namespace tmem = trainmem;
+using B = tmem::cpu::Backend;
+using Var = tmem::Var<B>;
+
+namespace {
+
+struct Config {
+  std::vector<int> sizes{16, 64, 256, 1024};
+  std::int64_t width = 128, hidden = 512, batch = 64;
+  int reps = 5;
+  int every = 4;
+  std::string json_path = "checkpoint_schedules.json";
+  std::string svg_path = "checkpoint_schedules.svg";
+};
+
+struct Chain {
+  Chain(int n, const Config& c) {
+    tmem::nn::Init init(2026);
+    for (int i = 0; i < n; ++i) {
+      up.emplace_back(c.width, c.hidden, init, true, tmem::DType::F32, "up" + std::to_string(i));
+      down.emplace_back(c.hidden, c.width, init, true, tmem::DType::F32, "down" + std::to_string(i));
+      norm.emplace_back(c.width, 1e-5, tmem::DType::F32, "norm" + std::to_string(i));
+    }
+    for (int i = 0; i < n; ++i)
+      layers.push_back([this, i](const Var& x) { return tmem::add(x, down[i](tmem::gelu(up[i](norm[i](x))))); });
+    for (int i = 0; i < n; ++i)
+      for (auto* ps : {&up[i], &down[i]})
+        for (auto& p : ps->parameters()) params.push_back(p);
+    for (int i = 0; i < n; ++i)
+      for (auto& p : norm[i].parameters()) params.push_back(p);
+  }
+  std::vector<tmem::nn::Linear<B>> up, down;
+  std::vector<tmem::nn::LayerNorm<B>> norm;
+  std::vector<tmem::Layer<B>> layers;
+  std::vector<Var> params;
+};
+
+using Schedule = std::function<Var(tmem::Tape<B>&, const std::vector<tmem::Layer<B>>&, const Var&)>;
+
+std::vector<std::pair<std::string, Schedule>> schedules(const Config& c) {
+  tmem::CheckpointOptions selective;
+  selective.policy = tmem::policy::save_matmuls();
+  auto each = [](tmem::CheckpointOptions options) {
+    return [options](tmem::Tape<B>& tape, const std::vector<tmem::Layer<B>>& layers, const Var& x) {
+      Var h = x;
+      for (const auto& layer : layers) h = tmem::checkpoint(tape, options, layer, h);
+      return h;
+    };
+  };
+  const int every = c.every;
+  return {
+      {"none",
+       [](tmem::Tape<B>&, const std::vector<tmem::Layer<B>>& layers, const Var& x) {
+         Var h = x;
+         for (const auto& layer : layers) h = layer(h);
+         return h;
+       }},
+      {"every_block", each({})},
+      {"sqrt_n",
+       [](tmem::Tape<B>& tape, const std::vector<tmem::Layer<B>>& layers, const Var& x) {
+         return tmem::checkpoint_sequential(tape, layers, x);
+       }},
+      {"every_" + std::to_string(every),
+       [every](tmem::Tape<B>& tape, const std::vector<tmem::Layer<B>>& layers, const Var& x) {
+         const auto n = static_cast<std::int64_t>(layers.size());
+         return tmem::checkpoint_sequential(tape, layers, std::max<std::int64_t>(1, n / every), x);
+       }},
+      {"selective", each(selective)},
+  };
+}
+
+struct Measurement {
+  std::int64_t peak_saved = 0, peak_total = 0;
+  std::vector<double> step_ms;
+};
+
+/// One training step; returns its wall time in ms and updates the peaks.
+double step(Chain& chain, const Schedule& schedule, const tmem::Tensor<B>& input, Measurement& m) {
+  auto& stats = B::default_instance().memory();
+  for (auto& p : chain.params) p.zero_grad();
+  stats.reset_peak();
+  const auto start = std::chrono::steady_clock::now();
+  {
+    tmem::Tape<B> tape;
+    auto x = tape.input(input);
+    auto loss = tmem::mean(schedule(tape, chain.layers, x));
+    tape.backward(loss);
+  }
+  {
+    tmem::NoGradGuard no_grad;
+    for (auto& p : chain.params)
+      B::default_instance().map(tmem::math::AddScaled{-1e-3}, p.value(), p.grad(), p.value());
+  }
+  const auto stop = std::chrono::steady_clock::now();
+  m.peak_saved = std::max(m.peak_saved, stats.peak(tmem::MemCategory::SavedActivation));
+  m.peak_total = std::max(m.peak_total, stats.peak_total());
+  return std::chrono::duration<double, std::milli>(stop - start).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const auto n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+std::string svg_chart(const nlohmann::json& rows, const std::vector<int>& sizes) {
+  const std::map<std::string, std::string> colors = {{"none", "#444444"},   {"every_block", "#d62728"},
+                                                     {"sqrt_n", "#1f77b4"}, {"selective", "#2ca02c"}};
+  const int panel_w = 360, panel_h = 280, margin = 50;
+  const int cols = 2, rows_n = static_cast<int>((sizes.size() + 1) / 2);
+  std::ostringstream svg;
+  svg << "<svg xmlns='http://www.w3.org/2000/svg' width='" << cols * panel_w << "' height='" << rows_n * panel_h + 40
+      << "' font-family='sans-serif' font-size='11'>\n<rect width='100%' height='100%' fill='white'/>\n"
+      << "<text x='10' y='20' font-size='14'>Checkpoint schedules: peak saved activations vs step time "
+         "(both relative to no checkpointing)</text>\n";
+  for (std::size_t p = 0; p < sizes.size(); ++p) {
+    const int ox = static_cast<int>(p % cols) * panel_w, oy = 30 + static_cast<int>(p / cols) * panel_h;
+    const double x0 = ox + margin, y0 = oy + panel_h - margin, w = panel_w - 1.5 * margin, h = panel_h - 1.7 * margin;
+    const double tmin = 0.9, tmax = 1.6;  // time ratio axis
+    auto sx = [&](double t) { return x0 + (std::clamp(t, tmin, tmax) - tmin) / (tmax - tmin) * w; };
+    auto sy = [&](double m) { return y0 - std::clamp(m, 0.0, 1.1) / 1.1 * h; };
+    svg << "<text x='" << ox + margin << "' y='" << oy + 14 << "' font-size='12'>N = " << sizes[p] << " blocks</text>\n";
+    svg << "<line x1='" << x0 << "' y1='" << y0 << "' x2='" << x0 + w << "' y2='" << y0 << "' stroke='black'/>\n";
+    svg << "<line x1='" << x0 << "' y1='" << y0 << "' x2='" << x0 << "' y2='" << y0 - h << "' stroke='black'/>\n";
+    for (double t = 1.0; t <= tmax + 1e-9; t += 0.1)
+      svg << "<text x='" << sx(t) - 8 << "' y='" << y0 + 14 << "'>" << std::fixed << std::setprecision(1) << t
+          << "</text>\n";
+    for (double m = 0.0; m <= 1.01; m += 0.25)
+      svg << "<text x='" << x0 - 32 << "' y='" << sy(m) + 4 << "'>" << std::setprecision(2) << m << "</text>\n";
+    svg << "<text x='" << x0 + w / 2 - 50 << "' y='" << y0 + 30 << "'>step time / plain</text>\n";
+    svg << "<text x='" << ox + 8 << "' y='" << y0 - h - 8 << "'>saved bytes / plain</text>\n";
+    for (const auto& r : rows) {
+      if (r["n"] != sizes[p]) continue;
+      const std::string name = r["schedule"];
+      const auto color = colors.count(name) ? colors.at(name) : std::string("#9467bd");
+      const double cx = sx(r["time_ratio_vs_none"].get<double>()), cy = sy(r["saved_ratio_vs_none"].get<double>());
+      svg << "<circle cx='" << cx << "' cy='" << cy << "' r='5' fill='" << color << "'/>\n";
+      svg << "<text x='" << cx + 7 << "' y='" << cy - 4 << "' fill='" << color << "'>" << name << "</text>\n";
+    }
+  }
+  svg << "</svg>\n";
+  return svg.str();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Config c;
+  CLI::App app{"trainmem: memory and time of checkpoint schedules on a residual MLP chain"};
+  app.add_option("--sizes", c.sizes, "chain lengths N")->delimiter(',');
+  app.add_option("--width", c.width, "block width D");
+  app.add_option("--hidden", c.hidden, "hidden width of each block's MLP");
+  app.add_option("--batch", c.batch, "rows per batch");
+  app.add_option("--reps", c.reps, "timed steps per schedule (median reported)");
+  app.add_option("--every", c.every, "blocks per segment of the every-k schedule");
+  app.add_option("--json", c.json_path, "where to write the JSON results");
+  app.add_option("--svg", c.svg_path, "where to write the SVG chart");
+  CLI11_PARSE(app, argc, argv);
+
+  int threads = 1;
+#if defined(_OPENMP)
+  threads = omp_get_max_threads();
+#endif
+  std::printf("residual MLP chain: width %lld, hidden %lld, batch %lld, f32, %d threads, median of %d steps\n",
+              static_cast<long long>(c.width), static_cast<long long>(c.hidden), static_cast<long long>(c.batch),
+              threads, c.reps);
+  std::printf("%6s  %-12s %16s %16s %10s %10s %10s\n", "N", "schedule", "peak saved B", "peak total B", "step ms",
+              "saved/none", "time/none");
+
+  nlohmann::json rows = nlohmann::json::array();
+  std::map<int, std::int64_t> sqrt_peak, none_peak;
+  std::map<int, std::int64_t> none_block_bytes;
+  for (int n : c.sizes) {
+    Chain chain(n, c);
+    std::vector<float> values(static_cast<std::size_t>(c.batch * c.width));
+    for (std::size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(std::sin(0.01 * static_cast<double>(i)));
+    const auto input = tmem::Tensor<B>::from_host({c.batch, c.width}, values);
+    auto scheds = schedules(c);
+    std::vector<Measurement> m(scheds.size());
+    for (std::size_t s = 0; s < scheds.size(); ++s) step(chain, scheds[s].second, input, m[s]);  // warm-up
+    for (int r = 0; r < c.reps; ++r)
+      for (std::size_t s = 0; s < scheds.size(); ++s) m[s].step_ms.push_back(step(chain, scheds[s].second, input, m[s]));
+    const double none_ms = median(m[0].step_ms);
+    for (std::size_t s = 0; s < scheds.size(); ++s) {
+      const double ms = median(m[s].step_ms);
+      const double saved_ratio = static_cast<double>(m[s].peak_saved) / static_cast<double>(m[0].peak_saved);
+      std::printf("%6d  %-12s %16lld %16lld %10.2f %10.3f %10.3f\n", n, scheds[s].first.c_str(),
+                  static_cast<long long>(m[s].peak_saved), static_cast<long long>(m[s].peak_total), ms, saved_ratio,
+                  ms / none_ms);
+      rows.push_back({{"n", n},
+                      {"schedule", scheds[s].first},
+                      {"peak_saved_bytes", m[s].peak_saved},
+                      {"peak_total_bytes", m[s].peak_total},
+                      {"step_ms", ms},
+                      {"step_ms_all", m[s].step_ms},
+                      {"time_ratio_vs_none", ms / none_ms},
+                      {"saved_ratio_vs_none", saved_ratio}});
+      if (scheds[s].first == "sqrt_n") sqrt_peak[n] = m[s].peak_saved;
+    }
+    none_peak[n] = m[0].peak_saved;
+  }
+
+  // sqrt(N) against the (k + N/k) A model, A = one block's saved bytes in the plain run.
+  std::printf("\nsqrt(N) schedule vs the model, k = round(sqrt N), A = plain peak saved / N, b = a block input:\n");
+  const std::int64_t b = 4 * c.batch * c.width;
+  nlohmann::json model = nlohmann::json::array();
+  for (int n : c.sizes) {
+    const std::int64_t k = tmem::sqrt_segments(n);
+    const double a = static_cast<double>(none_peak[n]) / n;
+    const double ideal = static_cast<double>(k + n / k) * a;
+    const double exact = static_cast<double>(k - 1) * b + static_cast<double>(n - (k - 1) * (n / k)) * a;
+    std::printf("  N=%5d k=%3lld  measured %12lld  (k-1) b + (N-(k-1)floor(N/k)) A = %12.0f (%.3f)  (k+N/k) A = %12.0f (%.3f)\n", n,
+                static_cast<long long>(k), static_cast<long long>(sqrt_peak[n]), exact, sqrt_peak[n] / exact, ideal,
+                sqrt_peak[n] / ideal);
+    model.push_back({{"n", n}, {"k", k}, {"measured", sqrt_peak[n]}, {"block_bytes_A", a}, {"boundary_bytes_b", b},
+                     {"segments_model", exact}, {"k_plus_n_over_k_A", ideal}});
+  }
+  double slope = 0;
+  if (c.sizes.size() >= 2) {  // least-squares slope of log(peak) on log(N)
+    double sx = 0, sy = 0, sxx = 0, sxy = 0;
+    for (int n : c.sizes) {
+      const double x = std::log(n), y = std::log(static_cast<double>(sqrt_peak[n]));
+      sx += x; sy += y; sxx += x * x; sxy += x * y;
+    }
+    const double k = static_cast<double>(c.sizes.size());
+    slope = (k * sxy - sx * sy) / (k * sxx - sx * sx);
+    std::printf("  log-log slope of sqrt(N) peak saved bytes vs N: %.3f\n", slope);
+  }
+
+  const std::time_t now = std::time(nullptr);
+  char date[32];
+  std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
+  nlohmann::json out = {{"benchmark", "checkpoint_schedules"}, {"date", date}, {"threads", threads},
+                        {"width", c.width}, {"hidden", c.hidden}, {"batch", c.batch}, {"reps", c.reps},
+                        {"results", rows}, {"sqrt_model", model}, {"sqrt_loglog_slope", slope}};
+  std::ofstream(c.json_path) << out.dump(2) << "\n";
+  std::ofstream(c.svg_path) << svg_chart(rows, c.sizes);
+  std::printf("\nwrote %s and %s\n", c.json_path.c_str(), c.svg_path.c_str());
+  return 0;
+}
