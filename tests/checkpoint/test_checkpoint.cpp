@@ -343,6 +343,44 @@ TEST_CASE("a recompute that differs from its forward throws CheckpointError nami
   }
 }
 
+TEST_CASE("without early stop, a recompute that saves more or fewer tensors is caught", "[checkpoint][errors]") {
+  nn::Init init(2);
+  nn::Linear<B> layer(8, 8, init);
+  CheckpointOptions full;
+  full.early_stop = false;
+  int calls = 0;
+  auto longer = [&](const Var<B>& x) {
+    auto y = relu(layer(x));
+    return ++calls == 1 ? y : sigmoid(y);  // the recompute adds a save at the end
+  };
+  Tape<B> tape;
+  auto x = tape.input(T::from_host({4, 8}, wave(32, 0.1)), true);
+  auto loss = sum(checkpoint(tape, full, longer, x));
+  try {
+    tape.backward(loss);
+    FAIL("no error");
+  } catch (const CheckpointError& e) {
+    WARN("message: " << e.what());
+    CHECK_THAT(e.what(), Catch::Contains("sigmoid") && Catch::Contains("forward saved only"));
+  }
+}
+
+TEST_CASE("a region may return several outputs", "[checkpoint]") {
+  nn::Init init(4);
+  nn::Linear<B> a(8, 8, init), b(8, 8, init);
+  auto grads = [&](bool use_checkpoint) {
+    for (auto* l : {&a, &b})
+      for (auto& p : l->parameters()) p.zero_grad();
+    Tape<B> tape;
+    auto x = tape.input(T::from_host({4, 8}, wave(32, 0.4)), true);
+    auto body = [&](const Var<B>& v) { return std::vector<Var<B>>{tanh(a(v)), sigmoid(b(v))}; };
+    auto outs = use_checkpoint ? checkpoint(tape, body, x) : body(x);
+    tape.backward(sum(mul(outs[0], outs[1])));
+    return std::vector<std::vector<float>>{x.grad().to_host(), a.weight().grad().to_host(), b.weight().grad().to_host()};
+  };
+  CHECK(grads(true) == grads(false));
+}
+
 TEST_CASE("checkpoint under no_grad just runs the function", "[checkpoint]") {
   nn::Init init(2);
   nn::Linear<B> layer(8, 8, init);

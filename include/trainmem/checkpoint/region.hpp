@@ -50,6 +50,9 @@ struct CheckpointOptions {
   DeterminismCheck determinism = DeterminismCheck::Metadata;
   /// Bytes a region may keep through PREFER_SAVE decisions; MUST decisions ignore it.
   std::size_t memory_budget = std::numeric_limits<std::size_t>::max();
+  /// Stop a recompute once every dropped tensor is back (faster). Off: rerun fn to the
+  /// end and check that it saves exactly what the forward saved.
+  bool early_stop = true;
 };
 
 /// Counters of the calling thread's checkpoint activity (for tests and benchmarks).
@@ -255,10 +258,7 @@ class Region final : public SaveHook<B>, public Unpacker<B>, public std::enable_
                                    "checkpoint: recompute is not deterministic: saved tensor #", k, " was ", r.dtype,
                                    " ", r.shape, " from op '", r.op, "' in forward, but ", tensor.dtype(), " ",
                                    tensor.shape(), " from op '", info.op->name, "' in recompute");
-    if (r.slot < 0) {
-      if (k == last_placeholder_pack_) throw StopRecompute{};
-      return;
-    }
+    if (r.slot < 0) return;
     if (options_.determinism == DeterminismCheck::Checksum)
       detail::check<CheckpointError>(fnv1a(host_bytes(tensor)) == r.checksum,
                                      "checkpoint: recompute is not deterministic: values of saved tensor #", k,
@@ -269,7 +269,7 @@ class Region final : public SaveHook<B>, public Unpacker<B>, public std::enable_
                                      " (op '", r.op, "', ", r.shape, ") differ bitwise from the forward");
     if (tensor.category() == MemCategory::Temporary) tensor.storage()->retag(MemCategory::SavedActivation);
     slots_[static_cast<std::size_t>(r.slot)] = tensor;
-    if (k == last_placeholder_pack_) throw StopRecompute{};  // every slot is filled
+    if (options_.early_stop && k == last_placeholder_pack_) throw StopRecompute{};  // every slot is filled
   }
 
   /// Thrown through fn to end a recompute early; never escapes the region.
@@ -304,8 +304,8 @@ class Region final : public SaveHook<B>, public Unpacker<B>, public std::enable_
       } pop{tape_};
       try {
         body_(inputs);
-        detail::check<CheckpointError>(false, "checkpoint: recompute is not deterministic: the forward saved ",
-                                       packs_.size(), " tensors, the recompute only ", pack_cursor_);
+        detail::check<CheckpointError>(pack_cursor_ == packs_.size(), "checkpoint: recompute is not deterministic: "
+                                       "the forward saved ", packs_.size(), " tensors, the recompute ", pack_cursor_);
       } catch (const StopRecompute&) {
       }
     }
