@@ -11,7 +11,9 @@
 #include <cstdint>
 #include <limits>
 #include <type_traits>
+#include <vector>
 
+#include "trainmem/amp/stochastic_rounding.hpp"
 #include "trainmem/core/dtype.hpp"
 #include "trainmem/core/math.hpp"
 #include "trainmem/core/rng.hpp"
@@ -86,11 +88,11 @@ void softmax(const T* x, T* y, std::int64_t rows, std::int64_t cols, bool log_ou
     Acc max = -std::numeric_limits<Acc>::infinity();
     for (std::int64_t c = 0; c < cols; ++c) max = std::max(max, static_cast<Acc>(trainmem::detail::widen(xr[c])));
     Acc sum = 0;
-    for (std::int64_t c = 0; c < cols; ++c) sum += std::exp(static_cast<Acc>(trainmem::detail::widen(xr[c])) - max);
+    for (std::int64_t c = 0; c < cols; ++c) sum += math::exp(static_cast<Acc>(trainmem::detail::widen(xr[c])) - max);
     const Acc log_sum = std::log(sum);
     for (std::int64_t c = 0; c < cols; ++c) {
       const Acc shifted = static_cast<Acc>(trainmem::detail::widen(xr[c])) - max;
-      yr[c] = trainmem::detail::narrow<T>(log_output ? shifted - log_sum : std::exp(shifted) / sum);
+      yr[c] = trainmem::detail::narrow<T>(log_output ? shifted - log_sum : math::exp(shifted) / sum);
     }
   }
 }
@@ -107,7 +109,7 @@ void softmax_backward(const T* dy, const T* y, T* dx, std::int64_t rows, std::in
     Acc dot = 0;
     for (std::int64_t c = 0; c < cols; ++c) dot += log_output ? w(dyr[c]) : w(dyr[c]) * w(yr[c]);
     for (std::int64_t c = 0; c < cols; ++c) {
-      const Acc g = log_output ? w(dyr[c]) - std::exp(w(yr[c])) * dot : w(yr[c]) * (w(dyr[c]) - dot);
+      const Acc g = log_output ? w(dyr[c]) - math::exp(w(yr[c])) * dot : w(yr[c]) * (w(dyr[c]) - dot);
       dxr[c] = trainmem::detail::narrow<T>(g);
     }
   }
@@ -185,7 +187,7 @@ std::int64_t cross_entropy(const T* logits, const std::int32_t* labels, Acc* los
     Acc max = -std::numeric_limits<Acc>::infinity();
     for (std::int64_t c = 0; c < cols; ++c) max = std::max(max, w(xr[c]));
     Acc sum = 0;
-    for (std::int64_t c = 0; c < cols; ++c) sum += std::exp(w(xr[c]) - max);
+    for (std::int64_t c = 0; c < cols; ++c) sum += math::exp(w(xr[c]) - max);
     lse[r] = max + std::log(sum);
     total += lse[r] - w(xr[labels[r]]);
   }
@@ -201,7 +203,7 @@ void cross_entropy_backward(Acc dloss, const T* logits, const std::int32_t* labe
 #pragma omp parallel for if (rows * cols > kParallelGrain)
   for (std::int64_t r = 0; r < rows; ++r)
     for (std::int64_t c = 0; c < cols; ++c) {
-      const Acc p = std::exp(static_cast<Acc>(trainmem::detail::widen(logits[r * cols + c])) - lse[r]);
+      const Acc p = math::exp(static_cast<Acc>(trainmem::detail::widen(logits[r * cols + c])) - lse[r]);
       dlogits[r * cols + c] = trainmem::detail::narrow<T>(scale * (p - (c == labels[r] ? Acc(1) : Acc(0))));
     }
 }
@@ -272,6 +274,52 @@ void apply_update(Update update, TP* param, const TG* grad, TP* state1, TP* stat
     TP& s2 = state2 ? state2[i] : unused2;
     update(param[i], static_cast<TP>(trainmem::detail::widen(grad[i])), s1, s2);
     if (copy) copy[i] = trainmem::detail::narrow<TCopy>(param[i]);
+  }
+}
+
+// --- mixed precision: loss scaling and master weights ----------------------------------
+
+/// x *= inv_scale in place (no write when inv_scale is 1: a pure check); returns whether
+/// any element was inf or NaN before scaling (PyTorch's non-finite check and unscale).
+template <class T>
+bool unscale_and_check(T* x, std::int64_t n, float inv_scale) {
+  using Acc = AccumulatorOf<T>;
+  int found = 0;
+  const bool scales = inv_scale != 1.0f;
+#pragma omp parallel for reduction(| : found) if (n > kParallelGrain)
+  for (std::int64_t i = 0; i < n; ++i) {
+    const Acc v = static_cast<Acc>(trainmem::detail::widen(x[i]));
+    found |= std::isfinite(v) ? 0 : 1;
+    if (scales) x[i] = trainmem::detail::narrow<T>(v * static_cast<Acc>(inv_scale));
+  }
+  return found != 0;
+}
+
+/// accumulator[0] += sum of x[i]^2, summed in the accumulator's type.
+template <class T, class TAcc>
+void sum_squares(const T* x, TAcc* accumulator, std::int64_t n) {
+  TAcc total = 0;
+#pragma omp parallel for reduction(+ : total) if (n > kParallelGrain)
+  for (std::int64_t i = 0; i < n; ++i) {
+    const auto v = static_cast<TAcc>(trainmem::detail::widen(x[i]));
+    total += v * v;
+  }
+  accumulator[0] += total;
+}
+
+/// apply_update writing a bf16 model copy with stochastic rounding: element i is rounded
+/// with draw i of `rng`, so the result does not depend on how the loop is split.
+template <class Update, class TP, class TG>
+void apply_update_stochastic(Update update, TP* param, const TG* grad, TP* state1, TP* state2, BFloat16* copy,
+                             std::int64_t n, RngState rng) {
+#pragma omp parallel for if (n > kParallelGrain)
+  for (std::int64_t i = 0; i < n; ++i) {
+    TP unused1 = 0, unused2 = 0;
+    TP& s1 = state1 ? state1[i] : unused1;
+    TP& s2 = state2 ? state2[i] : unused2;
+    update(param[i], static_cast<TP>(trainmem::detail::widen(grad[i])), s1, s2);
+    copy[i] = amp::bf16_round_stochastic(static_cast<float>(param[i]),
+                                         trainmem::detail::random_bits(rng, static_cast<std::uint64_t>(i)));
   }
 }
 
