@@ -28,6 +28,8 @@
 
 #include "trainmem/amp/autocast.hpp"
 #include "trainmem/amp/cast_cache.hpp"
+#include "trainmem/amp/grad_scaler.hpp"
+#include "trainmem/amp/master_weights.hpp"
 
 #include "trainmem/nn/attention.hpp"
 #include "trainmem/nn/embedding.hpp"
@@ -37,6 +39,7 @@
 #include "trainmem/nn/mlp.hpp"
 
 #include "trainmem/optim/adamw.hpp"
+#include "trainmem/optim/clip_grad_norm.hpp"
 #include "trainmem/optim/sgd.hpp"
 
 #include "trainmem/checkpoint/policy.hpp"

@@ -59,6 +59,9 @@ struct AutocastState {
   }
 };
 
+/// The and DESIGN.md's name for the same object: the state is the policy.
+using AutocastPolicy = AutocastState;
+
 namespace detail {
 inline AutocastState& thread_autocast_state() {
   thread_local AutocastState state;

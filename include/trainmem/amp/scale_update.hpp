@@ -15,13 +15,14 @@
 
 namespace trainmem::amp {
 
+/// \brief The constants of the rule (GradScalerOptions fills them).
 struct ScaleUpdateArgs {
-  float growth_factor = 2.0f;
-  float backoff_factor = 0.5f;
-  std::int32_t growth_interval = 2000;
-  float min_scale = 0.0f;
-  float max_scale = 3.4028234663852886e38f;
-  std::int32_t hysteresis = 1;  // 1: back off on every overflow (PyTorch)
+  float growth_factor = 2.0f;           // applied after growth_interval clean steps in a row
+  float backoff_factor = 0.5f;          // applied on an overflow (after hysteresis)
+  std::int32_t growth_interval = 2000;  // clean steps between growths
+  float min_scale = 0.0f;               // backoff never goes below this
+  float max_scale = 3.4028234663852886e38f;  // growth never goes above this
+  std::int32_t hysteresis = 1;          // consecutive overflows before a backoff; 1: every overflow (PyTorch)
 };
 
 /// Updates (scale, growth_tracker, hysteresis_left) in place given whether this step overflowed.
@@ -40,10 +41,9 @@ TRAINMEM_HOST_DEVICE void update_scale_state(float& scale, std::int32_t& growth_
   hysteresis_left = args.hysteresis;
   const std::int32_t successful = growth_tracker + 1;
   if (successful >= args.growth_interval) {
-    float grown = scale * args.growth_factor;
-    if (grown > args.max_scale) grown = args.max_scale;
-    const bool finite = grown - grown == 0.0f;  // false for inf and NaN
-    if (finite) scale = grown;
+    const float grown = scale * args.growth_factor;
+    const bool finite = grown - grown == 0.0f;  // false for inf and NaN: PyTorch keeps the scale then
+    if (finite) scale = grown > args.max_scale ? args.max_scale : grown;
     growth_tracker = 0;
   } else {
     growth_tracker = successful;

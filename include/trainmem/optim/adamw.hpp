@@ -1,12 +1,34 @@
 // trainmem/optim/adamw.hpp — Adam with decoupled weight decay (PyTorch's rules).
+//
+// The bias corrections 1 - beta^t come from per-parameter [beta1^t, beta2^t] kept on
+// the device and multiplied by [beta1, beta2] only when the step applies, so a step
+// the loss scaler cancels on the device leaves t where it was (NOTE [Steps a device
+// can cancel] in optimizer.hpp). The powers are f64, as exact as the host's pow.
 #pragma once
 
-#include <cmath>
+#include <utility>
 
 #include "trainmem/core/math.hpp"
 #include "trainmem/optim/optimizer.hpp"
 
-namespace trainmem::optim {
+namespace trainmem {
+
+namespace detail {
+/// AdamWUpdate whose bias corrections read [beta1^t, beta2^t] on the device.
+struct AdamWPoweredUpdate {
+  math::AdamWUpdate update;
+  const double* powers;  // after this step's advance
+  template <class T>
+  TRAINMEM_HOST_DEVICE void operator()(T& p, T g, T& m, T& v) const {
+    math::AdamWUpdate u = update;
+    u.bias1 = 1.0 - powers[0];
+    u.bias2 = 1.0 - powers[1];
+    u(p, g, m, v);
+  }
+};
+}  // namespace detail
+
+namespace optim {
 
 struct AdamWOptions {
   double lr = 1e-3;
@@ -29,17 +51,41 @@ class AdamW : public Optimizer<B> {
   AdamWOptions& options() { return options_; }
 
  protected:
-  void update(ParamGroupEntry<B>& e, const Tensor<B>& target, const Tensor<B>& grad, double grad_scale) override {
+  void update(ParamGroupEntry<B>& e, const Tensor<B>& target, const Tensor<B>& grad, double grad_scale,
+              const StepControl<B>& control) override {
+    B& backend = target.backend();
     this->ensure_state(e.state1, target);
     this->ensure_state(e.state2, target);
-    const double t = static_cast<double>(e.steps);
-    this->apply(e, target, grad,
-                math::AdamWUpdate{options_.lr, options_.beta1, options_.beta2, options_.eps, options_.weight_decay,
-                                  grad_scale, 1.0 - std::pow(options_.beta1, t), 1.0 - std::pow(options_.beta2, t)});
+    if (!e.step_state.defined()) e.step_state = this->device_values({1.0, 1.0}, backend);
+    backend.map(math::Mul{}, e.step_state, power_factor(backend), e.step_state);
+    const math::AdamWUpdate update{options_.lr, options_.beta1, options_.beta2, options_.eps, options_.weight_decay,
+                                   grad_scale,  1.0,            1.0};
+    this->apply(e, target, grad, detail::AdamWPoweredUpdate{update, e.step_state.template data_as<const double>()},
+                control);
   }
 
  private:
+  /// [beta1, beta2] when the step applies, [1, 1] when it is cancelled: 1 + applies (beta - 1).
+  /// Made once per step (the first parameter asks), without a host read.
+  const Tensor<B>& power_factor(B& backend) {
+    const std::int64_t step = this->steps_;
+    if (factor_step_ == step) return factor_;
+    if (!betas_minus_one_.defined() || betas_for_ != std::pair{options_.beta1, options_.beta2}) {
+      betas_minus_one_ = this->device_values({options_.beta1 - 1.0, options_.beta2 - 1.0}, backend);
+      betas_for_ = {options_.beta1, options_.beta2};
+      factor_ = Tensor<B>::empty(Shape{2}, DType::F64, MemCategory::OptimizerState, backend);
+    }
+    backend.map(math::Mul{}, betas_minus_one_, this->step_applies(), factor_);
+    backend.map(math::Add{}, factor_, this->device_one(), factor_);
+    factor_step_ = step;
+    return factor_;
+  }
+
   AdamWOptions options_;
+  Tensor<B> betas_minus_one_, factor_;
+  std::pair<double, double> betas_for_{-1.0, -1.0};
+  std::int64_t factor_step_ = -1;
 };
 
-}  // namespace trainmem::optim
+}  // namespace optim
+}  // namespace trainmem

@@ -5,14 +5,44 @@
 // a 16-bit model copy when the parameter has one (mixed precision's master weights).
 // A parameter without a gradient is skipped. Every write bumps the parameter's
 // version, so cast caches recast and stale saved tensors are caught.
+//
+// NOTE [Steps a device can cancel]
+// A loss scaler decides whether a step happens from a flag (found_inf) that lives next
+// to the gradients. `step(StepControl)` hands that flag to every update pass, which
+// then does nothing when it is set, and optionally a divisor (the loss scale) that the
+// pass divides each gradient by, in f32, before updating. So the host never has to
+// read the flag. Whatever a skipped step must not advance is kept on the device too:
+// AdamW's bias corrections come from per-parameter [beta1^t, beta2^t] and SGD's
+// first-momentum-step test from a per-parameter step count, each advanced by a tiny
+// kernel by (1 - found_inf). Only the host counters `steps()` and `entry.steps` count
+// launched passes, including those a device-side skip cancelled.
 #pragma once
 
+#include <cstdint>
 #include <vector>
 
-#include "trainmem/autograd/var.hpp"
+#include "trainmem/amp/stochastic_rounding.hpp"
 #include "trainmem/autograd/grad_mode.hpp"
+#include "trainmem/autograd/var.hpp"
+#include "trainmem/core/math.hpp"
+#include "trainmem/core/rng.hpp"
 
-namespace trainmem::optim {
+namespace trainmem {
+
+namespace detail {
+/// An update whose gradient is first divided by a device scalar (the loss scale).
+template <class Update>
+struct DivideGrad {
+  Update update;
+  const float* divisor;
+  template <class T>
+  TRAINMEM_HOST_DEVICE void operator()(T& p, T g, T& state1, T& state2) const {
+    update(p, g / static_cast<T>(*divisor), state1, state2);
+  }
+};
+}  // namespace detail
+
+namespace optim {
 
 /// \brief A parameter as an optimizer sees it: the tensor it updates and its gradient.
 ///
@@ -24,7 +54,21 @@ struct ParamGroupEntry {
   Var<B> param;
   Tensor<B> master;  // undefined: update param.value() directly
   Tensor<B> state1, state2;
-  std::int64_t steps = 0;  // updates this parameter has received
+  /// Per-parameter scalars a skipped step must not advance, kept on the device (f64):
+  /// AdamW [beta1^t, beta2^t], SGD with momentum [t]. See NOTE [Steps a device can cancel].
+  Tensor<B> step_state;
+  std::int64_t steps = 0;  // update passes launched for this parameter
+};
+
+/// \brief What a loss scaler tells one step; each field is optional (undefined: absent).
+template <class B>
+struct StepControl {
+  /// f32 scalar: each gradient is divided by it inside the update pass, in f32 (the loss
+  /// scale, when the gradients are still scaled). Never read on the host.
+  Tensor<B> grad_divisor;
+  /// f32 scalar, 0 or 1: when 1 the pass leaves parameters, model copies and states
+  /// unchanged. Never read on the host.
+  Tensor<B> found_inf;
 };
 
 template <class B>
@@ -34,7 +78,7 @@ class Optimizer {
     for (auto& p : params) {
       detail::check(p.defined() && p.requires_grad() && p.is_leaf(), "optimizer: '", p.defined() ? p.name() : "",
                     "' is not a parameter (a leaf that requires grad)");
-      entries_.push_back({p, {}, {}, {}, 0});
+      entries_.push_back({p, {}, {}, {}, {}, 0});
     }
   }
   virtual ~Optimizer() = default;
@@ -42,27 +86,45 @@ class Optimizer {
   void zero_grad() {
     for (auto& e : entries_) e.param.zero_grad();
   }
-  /// Gives parameter i an f32 master copy (mixed precision: amp::MasterWeights does this).
-  void set_master(std::size_t i, Tensor<B> master) { entries_.at(i).master = std::move(master); }
+  /// Gives parameter i an f32 (or f64) master copy that the optimizer updates; the
+  /// parameter's own tensor becomes the model copy each update writes (amp::MasterWeights).
+  void set_master(std::size_t i, Tensor<B> master) {
+    detail::check(i < entries_.size(), "optimizer::set_master: index ", i, " is out of range (", entries_.size(),
+                  " parameters)");
+    const ParamGroupEntry<B>& e = entries_[i];
+    detail::check(master.defined() && (master.dtype() == DType::F32 || master.dtype() == DType::F64) &&
+                      master.shape() == e.param.shape() && !master.same_storage(e.param.value()),
+                  "optimizer::set_master: the master of '", e.param.name(), "' ", e.param.shape(),
+                  " must be a separate f32 or f64 tensor of that shape, got ",
+                  master.defined() ? master.shape().str() + " " + std::string(name_of(master.dtype())) : "undefined");
+    detail::check(!e.state1.defined() && !e.state2.defined(), "optimizer::set_master: '", e.param.name(),
+                  "' already has optimizer state; set masters before the first step");
+    entries_[i].master = std::move(master);
+  }
+  /// How update passes write 16-bit model copies; stochastic rounding draws from a
+  /// Philox stream starting at (seed, 0), `numel` draws per parameter per launched pass
+  /// (a pass that found_inf cancels on the device uses up its draws too).
+  void set_copy_rounding(amp::RoundingMode mode, std::uint64_t seed = 0) {
+    rounding_mode_ = mode;
+    rounding_rng_.manual_seed(seed);
+  }
+  amp::RoundingMode copy_rounding() const { return rounding_mode_; }
+  /// The stochastic-rounding stream position (save it with a checkpoint to resume bit for bit).
+  RngState copy_rounding_state() const { return rounding_rng_.state(); }
+  void set_copy_rounding_state(RngState state) { rounding_rng_.set_state(state); }
+
   std::vector<ParamGroupEntry<B>>& entries() { return entries_; }
   const std::vector<ParamGroupEntry<B>>& entries() const { return entries_; }
+  /// Steps launched (with step(StepControl), including those found_inf cancelled).
   std::int64_t steps() const { return steps_; }
 
   /// One update of every parameter with a gradient; grads are multiplied by grad_scale first.
-  void step(double grad_scale = 1.0) {
-    NoGradGuard no_grad;
-    ++steps_;
-    for (auto& e : entries_) {
-      const Tensor<B>& grad = e.param.grad();
-      if (!grad.defined()) continue;
-      const Tensor<B>& target = e.master.defined() ? e.master : e.param.value();
-      detail::check(grad.shape() == target.shape(), "optimizer: grad of '", e.param.name(), "' is ", grad.shape(),
-                    ", parameter is ", target.shape());
-      ++e.steps;
-      update(e, target, grad, grad_scale);
-      target.bump_version();
-      if (e.master.defined()) e.param.value().bump_version();
-    }
+  void step(double grad_scale = 1.0) { run_step(grad_scale, StepControl<B>{}); }
+  /// One update that the device can cancel or unscale: see StepControl.
+  void step(const StepControl<B>& control) {
+    if (control.grad_divisor.defined()) check_scalar(control.grad_divisor, "grad_divisor");
+    if (control.found_inf.defined()) check_scalar(control.found_inf, "found_inf");
+    run_step(1.0, control);
   }
 
  protected:
@@ -71,16 +133,80 @@ class Optimizer {
     if (!state.defined())
       state = Tensor<B>::zeros(target.shape(), target.dtype(), MemCategory::OptimizerState, target.backend());
   }
-  /// Runs `update` over one parameter, writing the model copy when there is a master.
-  template <class Update>
-  static void apply(const ParamGroupEntry<B>& e, const Tensor<B>& target, const Tensor<B>& grad, Update update) {
-    target.backend().apply_update(update, target, grad, e.state1, e.state2,
-                                  e.master.defined() ? e.param.value() : Tensor<B>());
+  /// An f64 optimizer-state tensor holding `values` (the initial per-parameter step state).
+  static Tensor<B> device_values(const std::vector<double>& values, B& backend) {
+    return Tensor<B>::from_host(Shape{static_cast<std::int64_t>(values.size())}, values, DType::F64,
+                                MemCategory::OptimizerState, backend);
   }
-  virtual void update(ParamGroupEntry<B>& e, const Tensor<B>& target, const Tensor<B>& grad, double grad_scale) = 0;
+  /// f64 scalar: 1 when this step applies, 0 when found_inf cancels it (valid during update()).
+  const Tensor<B>& step_applies() const { return applies_; }
+  /// f64 scalar 1 on the parameters' backend (valid during update()).
+  const Tensor<B>& device_one() const { return one_; }
+
+  /// Runs `update` over one parameter: divides by the control's divisor, skips on its
+  /// flag, and writes the model copy (with the configured rounding) when there is a master.
+  template <class Update>
+  void apply(const ParamGroupEntry<B>& e, const Tensor<B>& target, const Tensor<B>& grad, Update update,
+             const StepControl<B>& control) {
+    amp::CopyRounding rounding;
+    if (e.master.defined() && rounding_mode_ == amp::RoundingMode::Stochastic)
+      rounding = {rounding_mode_, rounding_rng_.take(static_cast<std::uint64_t>(target.numel()))};
+    const Tensor<B> copy = e.master.defined() ? e.param.value() : Tensor<B>();
+    if (control.grad_divisor.defined()) {
+      target.backend().apply_update(detail::DivideGrad<Update>{update, control.grad_divisor.template data_as<const float>()},
+                                    target, grad, e.state1, e.state2, copy, control.found_inf, rounding);
+    } else {
+      target.backend().apply_update(update, target, grad, e.state1, e.state2, copy, control.found_inf, rounding);
+    }
+  }
+  virtual void update(ParamGroupEntry<B>& e, const Tensor<B>& target, const Tensor<B>& grad, double grad_scale,
+                      const StepControl<B>& control) = 0;
 
   std::vector<ParamGroupEntry<B>> entries_;
   std::int64_t steps_ = 0;
+
+ private:
+  static void check_scalar(const Tensor<B>& t, const char* what) {
+    detail::check(t.numel() == 1 && t.dtype() == DType::F32, "optimizer::step: StepControl::", what,
+                  " must be an f32 scalar, got ", t.shape(), " ", t.dtype());
+  }
+
+  void run_step(double grad_scale, const StepControl<B>& control) {
+    NoGradGuard no_grad;
+    ++steps_;
+    prepare_applies(control);
+    for (auto& e : entries_) {
+      const Tensor<B>& grad = e.param.grad();
+      if (!grad.defined()) continue;
+      const Tensor<B>& target = e.master.defined() ? e.master : e.param.value();
+      detail::check(grad.shape() == target.shape(), "optimizer: grad of '", e.param.name(), "' is ", grad.shape(),
+                    ", parameter is ", target.shape());
+      ++e.steps;
+      update(e, target, grad, grad_scale, control);
+      target.bump_version();
+      if (e.master.defined()) e.param.value().bump_version();
+    }
+  }
+
+  /// applies_ = 1 - found_inf (or 1), on the parameters' backend, without a host read.
+  void prepare_applies(const StepControl<B>& control) {
+    if (entries_.empty()) return;
+    B& backend = entries_.front().param.value().backend();
+    if (!one_.defined()) one_ = device_values({1.0}, backend).reshape(Shape{});
+    if (!control.found_inf.defined()) {
+      applies_ = one_;
+      return;
+    }
+    if (!flagged_applies_.defined())
+      flagged_applies_ = Tensor<B>::empty(Shape{}, DType::F64, MemCategory::OptimizerState, backend);
+    backend.map(math::AddScaled{-1.0}, one_, control.found_inf, flagged_applies_);
+    applies_ = flagged_applies_;
+  }
+
+  amp::RoundingMode rounding_mode_ = amp::RoundingMode::NearestEven;
+  Generator rounding_rng_{0};
+  Tensor<B> one_, flagged_applies_, applies_;
 };
 
-}  // namespace trainmem::optim
+}  // namespace optim
+}  // namespace trainmem

@@ -1,10 +1,31 @@
 // trainmem/optim/sgd.hpp — stochastic gradient descent with momentum (PyTorch's rules).
+//
+// With momentum, the first step sets the buffer to the gradient and later steps
+// blend. Which step is the first is read on the device from a per-parameter count of
+// applied steps, so a step the loss scaler cancels on the device does not count
+// (NOTE [Steps a device can cancel] in optimizer.hpp).
 #pragma once
 
 #include "trainmem/core/math.hpp"
 #include "trainmem/optim/optimizer.hpp"
 
-namespace trainmem::optim {
+namespace trainmem {
+
+namespace detail {
+/// SgdUpdate whose first-step test reads the applied-step count on the device.
+struct SgdCountedUpdate {
+  math::SgdUpdate update;
+  const double* steps_applied;  // including this one
+  template <class T>
+  TRAINMEM_HOST_DEVICE void operator()(T& p, T g, T& buffer, T& unused) const {
+    math::SgdUpdate u = update;
+    u.first_step = steps_applied[0] == 1.0;
+    u(p, g, buffer, unused);
+  }
+};
+}  // namespace detail
+
+namespace optim {
 
 struct SgdOptions {
   double lr = 0.01;
@@ -27,16 +48,24 @@ class SGD : public Optimizer<B> {
   SgdOptions& options() { return options_; }
 
  protected:
-  void update(ParamGroupEntry<B>& e, const Tensor<B>& target, const Tensor<B>& grad, double grad_scale) override {
-    const bool first = options_.momentum != 0.0 && !e.state1.defined();
-    if (options_.momentum != 0.0) this->ensure_state(e.state1, target);
-    this->apply(e, target, grad,
-                math::SgdUpdate{options_.lr, options_.momentum, options_.dampening, options_.weight_decay, grad_scale,
-                                options_.nesterov, first});
+  void update(ParamGroupEntry<B>& e, const Tensor<B>& target, const Tensor<B>& grad, double grad_scale,
+              const StepControl<B>& control) override {
+    const math::SgdUpdate update{options_.lr,     options_.momentum, options_.dampening, options_.weight_decay,
+                                 grad_scale,      options_.nesterov, false};
+    if (options_.momentum == 0.0) {
+      this->apply(e, target, grad, update, control);
+      return;
+    }
+    this->ensure_state(e.state1, target);
+    if (!e.step_state.defined()) e.step_state = this->device_values({0.0}, target.backend());
+    target.backend().map(math::Add{}, e.step_state, this->step_applies(), e.step_state);
+    this->apply(e, target, grad, detail::SgdCountedUpdate{update, e.step_state.template data_as<const double>()},
+                control);
   }
 
  private:
   SgdOptions options_;
 };
 
-}  // namespace trainmem::optim
+}  // namespace optim
+}  // namespace trainmem

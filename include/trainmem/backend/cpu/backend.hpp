@@ -9,9 +9,12 @@
 
 #include <cstddef>
 #include <cstring>
+#include <span>
 
 #include "trainmem/backend/cpu/allocator.hpp"
 #include "trainmem/backend/cpu/gemm.hpp"
+#include "trainmem/amp/scale_update.hpp"
+#include "trainmem/amp/stochastic_rounding.hpp"
 #include "trainmem/backend/cpu/kernels.hpp"
 #include "trainmem/core/tensor.hpp"
 
@@ -218,6 +221,68 @@ class Backend {
         });
       } else {
         throw Error("apply_update: the updated parameter must be f32 or f64 (use FP32 master weights for 16-bit models)");
+      }
+    });
+  }
+
+  // --- mixed precision ----------------------------------------------------------------
+  /// As apply_update above, and: when `found_inf` (f32 scalar) is defined and non-zero the
+  /// pass changes nothing (a step the loss scaler skips, decided without a host sync on a
+  /// GPU); `rounding` says how the 16-bit model copy is written (stochastic: bf16 only).
+  template <class Update>
+  void apply_update(Update update, const TensorT& param, const TensorT& grad, const TensorT& state1,
+                    const TensorT& state2, const TensorT& model_copy, const TensorT& found_inf,
+                    const amp::CopyRounding& rounding = {}) {
+    if (found_inf.defined() && found_inf.data_as<const float>()[0] != 0.0f) return;
+    if (rounding.mode == amp::RoundingMode::NearestEven || !model_copy.defined()) {
+      apply_update(update, param, grad, state1, state2, model_copy);
+      return;
+    }
+    trainmem::detail::check(model_copy.dtype() == DType::BF16, "apply_update: stochastic rounding writes bf16 model "
+                            "copies, the copy is ", model_copy.dtype());
+    visit_floating(param.dtype(), "apply_update", [&]<class TP>() {
+      if constexpr (std::is_same_v<TP, float> || std::is_same_v<TP, double>) {
+        visit_floating(grad.dtype(), "apply_update", [&]<class TG>() {
+          detail::apply_update_stochastic(update, param.data_as<TP>(), grad.data_as<const TG>(),
+                                          state1.defined() ? state1.data_as<TP>() : nullptr,
+                                          state2.defined() ? state2.data_as<TP>() : nullptr,
+                                          model_copy.data_as<BFloat16>(), param.numel(), rounding.rng);
+        });
+      } else {
+        throw Error("apply_update: the updated parameter must be f32 or f64 (use FP32 master weights for 16-bit models)");
+      }
+    });
+  }
+
+  /// Every grad *= 1 / scale[0] in place (no write when that is 1), and found_inf[0] = 1
+  /// when any element was inf or NaN. found_inf is never cleared here, so several calls
+  /// (several optimizers, several devices) can share one flag. scale, found_inf: f32 scalars.
+  void unscale_grads(std::span<const TensorT> grads, const TensorT& scale, const TensorT& found_inf) {
+    const float inv_scale = static_cast<float>(1.0 / static_cast<double>(scale.data_as<const float>()[0]));
+    float* flag = found_inf.data_as<float>();
+    for (const TensorT& grad : grads) {
+      visit_floating(grad.dtype(), "unscale_grads", [&]<class T>() {
+        if (detail::unscale_and_check(grad.data_as<T>(), grad.numel(), inv_scale)) flag[0] = 1.0f;
+      });
+    }
+  }
+
+  /// One step of the dynamic loss-scale rule (amp::update_scale_state) on backend scalars:
+  /// scale f32, growth_tracker and hysteresis_left i32, found_inf f32 (non-zero: overflow).
+  void update_scale(const TensorT& scale, const TensorT& growth_tracker, const TensorT& hysteresis_left,
+                    const TensorT& found_inf, const amp::ScaleUpdateArgs& args) {
+    amp::update_scale_state(scale.data_as<float>()[0], growth_tracker.data_as<std::int32_t>()[0],
+                            hysteresis_left.data_as<std::int32_t>()[0], found_inf.data_as<const float>()[0] != 0.0f,
+                            args);
+  }
+
+  /// accumulator[0] += sum(x^2), accumulated in the accumulator's dtype (f32 scalar; f64 allowed).
+  void sum_squares(const TensorT& x, const TensorT& accumulator) {
+    visit_floating(x.dtype(), "sum_squares", [&]<class T>() {
+      if (accumulator.dtype() == DType::F64) {
+        detail::sum_squares(x.data_as<const T>(), accumulator.data_as<double>(), x.numel());
+      } else {
+        detail::sum_squares(x.data_as<const T>(), accumulator.data_as<float>(), x.numel());
       }
     });
   }

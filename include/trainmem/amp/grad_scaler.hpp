@@ -1,0 +1,246 @@
+// trainmem/amp/grad_scaler.hpp — dynamic loss scaling (torch.amp.GradScaler's algorithm).
+//
+// FP16 holds magnitudes down to 6e-8 only; many gradients are smaller and flush to
+// zero. Multiplying the loss by S multiplies every gradient by S (backward is linear),
+// which lifts them into range; the optimizer then divides by S in f32. Too large an S
+// overflows: some gradient becomes inf or NaN, and that step is skipped and S backed
+// off. After `growth_interval` clean steps in a row S grows again. Hysteresis
+// (DeepSpeed) tolerates H - 1 overflows in a row before backing off.
+//
+// The scale, growth tracker, hysteresis counter and each optimizer's found-inf flag are
+// backend tensors, so on a GPU the loop never waits for the device:
+//   scaler.scale(loss).backward();
+//   scaler.step(optimizer);      // check the grads, step or skip; returns whether it stepped
+//   scaler.update();             // once per step, after every optimizer's step
+// `step()` reads the flag on the host to return its bool (one device sync). `step_async()`
+// hands the flag and the scale to the optimizer's update passes instead (they skip on
+// the device and divide each gradient by the scale in f32) and returns nothing.
+// To clip: `unscale_(optimizer)`, then optim::clip_grad_norm, then step. unscale_ writes
+// f32 gradients in place of 16-bit ones (their unscaled values would flush in 16 bits).
+#pragma once
+
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "trainmem/amp/grad_scaler_state.hpp"
+#include "trainmem/ops/elementwise.hpp"
+#include "trainmem/optim/optimizer.hpp"
+
+namespace trainmem::amp {
+
+/// \brief Dynamic loss scaler with PyTorch's defaults, min/max scale and hysteresis.
+template <class B>
+class GradScaler {
+ public:
+  explicit GradScaler(GradScalerOptions options = {}, B& backend = B::default_instance())
+      : GradScaler(DType::F16, options, backend) {}
+
+  /// For a run that autocasts to `autocast_dtype`: bf16 has f32's exponent range and
+  /// needs no scaling, so the scaler is disabled for bf16 unless options.scale_bf16.
+  GradScaler(DType autocast_dtype, GradScalerOptions options, B& backend = B::default_instance())
+      : options_(options), backend_(&backend) {
+    options_.validate("GradScaler");
+    enabled_ = options_.enabled && (autocast_dtype != DType::BF16 || options_.scale_bf16);
+    if (!enabled_) return;
+    scale_ = scalar(DType::F32, options_.init_scale);
+    growth_tracker_ = scalar(DType::I32, 0.0);
+    hysteresis_left_ = scalar(DType::I32, options_.hysteresis);
+  }
+
+  GradScaler(const GradScaler&) = delete;  // two scalers must not share one scale tensor
+  GradScaler& operator=(const GradScaler&) = delete;
+  GradScaler(GradScaler&&) = default;
+  GradScaler& operator=(GradScaler&&) = default;
+
+  bool is_enabled() const { return enabled_; }
+  const GradScalerOptions& options() const { return options_; }
+
+  /// loss * scale, as an op on the loss's tape (backward seeds every gradient with the
+  /// scale). The disabled scaler returns the loss.
+  Var<B> scale(const Var<B>& loss) const {
+    if (!enabled_) return loss;
+    trainmem::detail::check(loss.defined() && loss.tape() != nullptr, "GradScaler::scale: the loss must be a Var on a tape");
+    return trainmem::mul(loss, loss.tape()->input(scale_.clone()));
+  }
+
+  /// Divides `optimizer`'s gradients by the scale in place (16-bit gradients are
+  /// replaced by f32 ones) and records whether any was inf or NaN. At most once per
+  /// optimizer between update()s, and before step(); needed only to look at or clip
+  /// the true gradients.
+  void unscale_(optim::Optimizer<B>& optimizer) {
+    if (!enabled_) return;
+    Record& record = record_of(optimizer);
+    trainmem::detail::check(record.stage != Stage::Unscaled,
+                  "GradScaler::unscale_: already called on this optimizer since the last update()");
+    trainmem::detail::check(record.stage != Stage::Stepped, "GradScaler::unscale_: called after step(); call update() first");
+    std::vector<Tensor<B>> grads;
+    for (auto& e : optimizer.entries()) {
+      const Tensor<B>& grad = e.param.grad();
+      if (!grad.defined()) continue;
+      if (is_16bit(grad.dtype())) {
+        Tensor<B> wide = Tensor<B>::empty(grad.shape(), DType::F32, MemCategory::Gradient, grad.backend());
+        grad.backend().map(math::Identity{}, grad, wide);
+        e.param.set_grad(wide);
+      }
+      grads.push_back(e.param.grad());
+    }
+    check_grads(grads, scale_, record);
+    for (const Tensor<B>& g : grads) g.bump_version();
+    record.stage = Stage::Unscaled;
+  }
+
+  /// Steps `optimizer` unless its gradients hold an inf or NaN; returns whether it
+  /// stepped. Reads the found-inf flag on the host (a device sync); step_async does not.
+  bool step(optim::Optimizer<B>& optimizer) {
+    if (!enabled_) {
+      optimizer.step();
+      return true;
+    }
+    const optim::StepControl<B> control = prepare_step(optimizer);
+    const bool stepped = control.found_inf.template to_host<float>()[0] == 0.0f;
+    if (stepped) optimizer.step(control);
+    record_of(optimizer).stage = Stage::Stepped;
+    return stepped;
+  }
+
+  /// As step, with no host read: the optimizer's update passes skip on the device when
+  /// the flag is set. The host step counters advance either way (optimizer.hpp's NOTE).
+  void step_async(optim::Optimizer<B>& optimizer) {
+    if (!enabled_) {
+      optimizer.step();
+      return;
+    }
+    optimizer.step(prepare_step(optimizer));
+    record_of(optimizer).stage = Stage::Stepped;
+  }
+
+  /// Updates the scale from this step's overflow flags (of every optimizer stepped or
+  /// unscaled since the last update), on the device. Once per step.
+  void update() {
+    if (!enabled_) return;
+    std::vector<const Tensor<B>*> flags;
+    for (auto& [key, record] : records_)
+      if (record.stage != Stage::Ready) flags.push_back(&record.found_inf);
+    trainmem::detail::check(!flags.empty(), "GradScaler::update: no inf checks were recorded since the last update(); call "
+                  "step() (or unscale_()) for each optimizer first");
+    const Tensor<B>* found_inf = flags.front();
+    Tensor<B> combined;
+    if (flags.size() > 1) {
+      combined = flags.front()->clone();
+      for (std::size_t i = 1; i < flags.size(); ++i) backend_->map(math::Add{}, combined, *flags[i], combined);
+      found_inf = &combined;
+    }
+    backend_->update_scale(scale_, growth_tracker_, hysteresis_left_, *found_inf, options_.update_args());
+    for (auto& [key, record] : records_) record.stage = Stage::Ready;
+  }
+
+  /// Sets the scale to `new_scale` (no overflow rule applied) and starts a new step.
+  void update(double new_scale) {
+    if (!enabled_) return;
+    trainmem::detail::check(std::isfinite(new_scale) && new_scale > 0, "GradScaler::update: new_scale must be positive and "
+                  "finite, got ", new_scale);
+    scale_.copy_from(scalar(DType::F32, new_scale));
+    for (auto& [key, record] : records_) record.stage = Stage::Ready;
+  }
+
+  /// The current scale (a host read: a device sync); 1 when disabled.
+  double get_scale() const { return enabled_ ? scale_.template to_host<double>()[0] : 1.0; }
+  /// Clean steps since the last growth or overflow (a host read).
+  std::int32_t growth_tracker() const { return enabled_ ? read_i32(growth_tracker_) : 0; }
+  /// Overflows still tolerated before a backoff (a host read).
+  std::int32_t hysteresis_left() const { return enabled_ ? read_i32(hysteresis_left_) : options_.hysteresis; }
+  /// The scale as an f32 backend scalar (for kernels that take it without a host read).
+  const Tensor<B>& scale_tensor() const { return scale_; }
+  /// `optimizer`'s found-inf flag of the current step (f32 scalar; undefined before its first check).
+  Tensor<B> found_inf(const optim::Optimizer<B>& optimizer) const {
+    auto it = records_.find(&optimizer);
+    return it == records_.end() ? Tensor<B>() : it->second.found_inf;
+  }
+
+  /// Everything needed to resume (host reads).
+  GradScalerState state() const {
+    GradScalerState s;
+    s.options = options_;
+    s.options.enabled = enabled_;
+    s.scale = get_scale();
+    s.growth_tracker = growth_tracker();
+    s.hysteresis_left = hysteresis_left();
+    return s;
+  }
+  /// Restores a saved state: settings, scale and counters. A disabled scaler ignores it
+  /// (as PyTorch's does); loading a disabled scaler's state into an enabled one throws.
+  void load_state(const GradScalerState& state) {
+    if (!enabled_) return;
+    trainmem::detail::check(state.options.enabled, "GradScaler::load_state: the state was saved from a disabled scaler");
+    state.options.validate("GradScaler::load_state");
+    trainmem::detail::check(std::isfinite(state.scale) && state.scale > 0 && state.growth_tracker >= 0 &&
+                      state.hysteresis_left >= 1,
+                  "GradScaler::load_state: need a positive finite scale, growth_tracker >= 0 and hysteresis_left "
+                  ">= 1, got ", state.scale, ", ", state.growth_tracker, ", ", state.hysteresis_left);
+    options_ = state.options;
+    options_.init_scale = state.scale;
+    scale_.copy_from(scalar(DType::F32, state.scale));
+    growth_tracker_.copy_from(scalar(DType::I32, state.growth_tracker));
+    hysteresis_left_.copy_from(scalar(DType::I32, state.hysteresis_left));
+    for (auto& [key, record] : records_) record.stage = Stage::Ready;
+  }
+
+ private:
+  enum class Stage { Ready, Unscaled, Stepped };
+  struct Record {
+    Stage stage = Stage::Ready;
+    Tensor<B> found_inf;
+  };
+
+  Tensor<B> scalar(DType dtype, double value) const {
+    return Tensor<B>::from_host(Shape{}, std::span<const double>(&value, 1), dtype, MemCategory::OptimizerState,
+                                *backend_);
+  }
+
+  std::int32_t read_i32(const Tensor<B>& t) const {
+    std::int32_t value = 0;
+    backend_->download(&value, t.data(), sizeof value);
+    return value;
+  }
+
+  Record& record_of(const optim::Optimizer<B>& optimizer) {
+    Record& record = records_[&optimizer];
+    if (!record.found_inf.defined()) record.found_inf = scalar(DType::F32, 0.0);
+    return record;
+  }
+
+  /// Clears the flag, then divides `grads` by `divisor` (1: check only) and flags non-finite values.
+  void check_grads(std::span<const Tensor<B>> grads, const Tensor<B>& divisor, Record& record) {
+    trainmem::detail::check(!grads.empty(), "GradScaler: no parameter of the optimizer has a gradient (run backward on "
+                  "scaler.scale(loss) first)");
+    record.found_inf.zero_();
+    backend_->unscale_grads(grads, divisor, record.found_inf);
+  }
+
+  /// Checks the gradients if unscale_ did not, and says how the update passes must treat them.
+  optim::StepControl<B> prepare_step(optim::Optimizer<B>& optimizer) {
+    Record& record = record_of(optimizer);
+    trainmem::detail::check(record.stage != Stage::Stepped,
+                  "GradScaler::step: already called on this optimizer since the last update()");
+    optim::StepControl<B> control;
+    control.found_inf = record.found_inf;
+    if (record.stage == Stage::Ready) {  // grads still scaled: check them, divide inside the update
+      std::vector<Tensor<B>> grads;
+      for (const auto& e : optimizer.entries())
+        if (e.param.grad().defined()) grads.push_back(e.param.grad());
+      if (!one_.defined()) one_ = scalar(DType::F32, 1.0);
+      check_grads(grads, one_, record);
+      control.grad_divisor = scale_;
+    }
+    return control;
+  }
+
+  GradScalerOptions options_;
+  B* backend_;
+  bool enabled_ = false;
+  Tensor<B> scale_, growth_tracker_, hysteresis_left_, one_;
+  std::unordered_map<const optim::Optimizer<B>*, Record> records_;
+};
+
+}  // namespace trainmem::amp
