@@ -120,7 +120,7 @@ std::vector<OpCase> op_cases() {
       {"embedding",
        [](tmem::Tape<B>& tape, DType d, V& in) {
          in = {input(tape, tmem::Shape{10, 6}, d)};
-         return tmem::embedding(in[0], int_tensor(tmem::Shape{3}, {1, 9, 1}));
+         return tmem::embedding(in[0], tape.input(int_tensor(tmem::Shape{3}, {1, 9, 1})));
        },
        F32, F32, BF16, BF16, F64},
   };

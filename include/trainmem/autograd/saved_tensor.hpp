@@ -2,8 +2,8 @@
 //
 // NOTE [Saved tensors]
 // An op that needs a tensor in backward saves it here, never by capturing a Tensor.
-// With no hook active, packing keeps the tensor and re-tags its bytes as a saved
-// activation. Inside a checkpoint region the region's SaveHook packs instead: it keeps
+// With no hook active, packing keeps the tensor, and its bytes count as a saved
+// activation for as long as something keeps them (SavedRef). Inside a checkpoint region the region's SaveHook packs instead: it keeps
 // nothing (a placeholder naming a slot of the region), keeps what its policy says to
 // keep, or offloads. Unpacking a placeholder asks the region, which recomputes its
 // forward once and hands out slot after slot. No op knows about checkpointing.
@@ -34,6 +34,28 @@ struct SaveInfo {
 template <class B>
 class SavedTensor;
 
+/// \brief Holds a tensor for backward and counts its bytes as a saved activation meanwhile.
+///
+/// Shared by every copy of whatever keeps it (a SavedTensor captured in a closure, a
+/// checkpoint region's slot); the bytes stop counting as saved when the last copy goes.
+template <class B>
+class SavedRef {
+ public:
+  explicit SavedRef(Tensor<B> tensor) : tensor_(std::move(tensor)) {
+    if (tensor_.defined()) tensor_.storage()->add_saved_ref();
+  }
+  ~SavedRef() {
+    if (tensor_.defined()) tensor_.storage()->drop_saved_ref();
+  }
+  SavedRef(const SavedRef&) = delete;
+  SavedRef& operator=(const SavedRef&) = delete;
+  const Tensor<B>& tensor() const { return tensor_; }
+
+ private:
+  Tensor<B> tensor_;
+};
+
+
 /// \brief Hands back a placeholder's tensor (implemented by checkpoint regions).
 template <class B>
 class Unpacker {
@@ -48,12 +70,10 @@ class SavedTensor {
  public:
   SavedTensor() = default;
 
-  /// Keeps `tensor`; a temporary's bytes are re-tagged as a saved activation.
+  /// Keeps `tensor`; while kept, a temporary's bytes count as a saved activation.
   static SavedTensor keep(const Tensor<B>& tensor, std::string_view op) {
     SavedTensor saved(op, tensor);
-    saved.tensor_ = tensor;
-    if (tensor.defined() && tensor.category() == MemCategory::Temporary)
-      tensor.storage()->retag(MemCategory::SavedActivation);
+    saved.kept_ = std::make_shared<const SavedRef<B>>(tensor);
     return saved;
   }
   /// A placeholder for slot `slot` of `unpacker`; holds no bytes.
@@ -65,13 +85,13 @@ class SavedTensor {
     return saved;
   }
 
-  bool defined() const { return tensor_.defined() || unpacker_ != nullptr; }
+  bool defined() const { return kept_ != nullptr || unpacker_ != nullptr; }
   bool is_placeholder() const { return unpacker_ != nullptr; }
   const Shape& shape() const { return shape_; }
   DType dtype() const { return dtype_; }
   std::string_view op() const { return op_; }
   /// Bytes this saved tensor holds itself (0 for a placeholder).
-  std::size_t held_bytes() const { return tensor_.defined() ? tensor_.bytes() : 0; }
+  std::size_t held_bytes() const { return kept_ ? kept_->tensor().bytes() : 0; }
 
   /// The saved value; throws if its storage was modified in place since the save.
   Tensor<B> unpack() const {
@@ -81,14 +101,13 @@ class SavedTensor {
                     ": a tensor saved for backward was modified in place after it was saved (version ", version_,
                     " at save, ", storage->version(), " now); backward would use the wrong value");
     }
-    if (tensor_.defined()) return tensor_;
-    Tensor<B> t = unpacker_->unpack(slot_, *this);
-    return t;
+    if (kept_) return kept_->tensor();
+    return unpacker_->unpack(slot_, *this);
   }
 
   /// Drops what this saved tensor holds (backward calls this after use).
   void release() {
-    tensor_ = Tensor<B>();
+    kept_.reset();
     unpacker_.reset();
   }
 
@@ -104,7 +123,7 @@ class SavedTensor {
   std::string_view op_;
   Shape shape_;
   DType dtype_ = DType::F32;
-  Tensor<B> tensor_;
+  std::shared_ptr<const SavedRef<B>> kept_;
   std::shared_ptr<Unpacker<B>> unpacker_;
   std::int64_t slot_ = -1;
   std::weak_ptr<Storage<B>> storage_;

@@ -166,9 +166,10 @@ class Region final : public SaveHook<B>, public Unpacker<B>, public std::enable_
 
   // --- Unpacker -------------------------------------------------------------------
   Tensor<B> unpack(std::int64_t slot, const SavedTensor<B>&) override {
-    if (!slots_.at(static_cast<std::size_t>(slot)).defined()) recompute();
-    Tensor<B> t = std::move(slots_[static_cast<std::size_t>(slot)]);
-    slots_[static_cast<std::size_t>(slot)] = Tensor<B>();
+    auto& held = slots_.at(static_cast<std::size_t>(slot));
+    if (!held) recompute();
+    Tensor<B> t = held->tensor();
+    held.reset();  // freed after use (a second backward recomputes again)
     return t;
   }
 
@@ -182,6 +183,7 @@ class Region final : public SaveHook<B>, public Unpacker<B>, public std::enable_
       const bool reachable = computed != compute_event_.end() && computed->second < last_placeholder_event_;
       if (!referenced && !reachable) {
         for (const auto& t : it->second) kept_bytes_ -= t.bytes();
+        kept_refs_.erase(it->first);
         it = kept_.erase(it);
       } else {
         ++it;
@@ -239,13 +241,13 @@ class Region final : public SaveHook<B>, public Unpacker<B>, public std::enable_
       }
     }
     // Save (and Offload where the backend has nowhere to offload to: the CPU).
+    auto& refs = kept_refs_[op_index];  // op_index -1 collects named tensors without an op to skip
     for (const auto& t : outputs) {
-      if (t.category() == MemCategory::Temporary) t.storage()->retag(MemCategory::SavedActivation);
+      refs.push_back(std::make_shared<const SavedRef<B>>(t));
       alive_.insert(t.storage().get());
       kept_bytes_ += t.bytes();
     }
     if (op_index >= 0) kept_[op_index] = outputs;
-    else named_.push_back(outputs);
   }
 
   /// Replay: the k-th save of the recompute fills the k-th save's slot of the forward.
@@ -267,8 +269,7 @@ class Region final : public SaveHook<B>, public Unpacker<B>, public std::enable_
       detail::check<CheckpointError>(host_bytes(tensor) == r.bytes,
                                      "checkpoint: recompute is not deterministic: values of saved tensor #", k,
                                      " (op '", r.op, "', ", r.shape, ") differ bitwise from the forward");
-    if (tensor.category() == MemCategory::Temporary) tensor.storage()->retag(MemCategory::SavedActivation);
-    slots_[static_cast<std::size_t>(r.slot)] = tensor;
+    slots_[static_cast<std::size_t>(r.slot)] = std::make_shared<const SavedRef<B>>(tensor);
     if (options_.early_stop && k == last_placeholder_pack_) throw StopRecompute{};  // every slot is filled
   }
 
@@ -335,7 +336,7 @@ class Region final : public SaveHook<B>, public Unpacker<B>, public std::enable_
   std::unordered_map<std::int64_t, std::vector<Tensor<B>>> kept_;
   std::unordered_map<std::int64_t, std::size_t> output_counts_;
   std::unordered_map<std::int64_t, Offloaded<HostCopy>> offloaded_;
-  std::vector<std::vector<Tensor<B>>> named_;
+  std::unordered_map<std::int64_t, std::vector<std::shared_ptr<const SavedRef<B>>>> kept_refs_;
   std::set<const void*> packed_;  // storages some op saved (directly or as a placeholder)
   std::unordered_map<std::int64_t, std::int64_t> compute_event_;
   std::int64_t events_ = 0;  // packs and computes of the forward, in order
@@ -343,7 +344,7 @@ class Region final : public SaveHook<B>, public Unpacker<B>, public std::enable_
   std::size_t last_placeholder_pack_ = std::numeric_limits<std::size_t>::max();
   std::size_t kept_bytes_ = 0;
   std::vector<PackRecord> packs_;
-  std::vector<Tensor<B>> slots_;
+  std::vector<std::shared_ptr<const SavedRef<B>>> slots_;
   std::int64_t next_op_ = 0;
   std::size_t pack_cursor_ = 0;
   bool replaying_ = false;

@@ -73,9 +73,10 @@ template <> constexpr DType dtype_of<Half>() { return DType::F16; }
 template <> constexpr DType dtype_of<BFloat16>() { return DType::BF16; }
 template <> constexpr DType dtype_of<std::int32_t>() { return DType::I32; }
 
-/// Accumulator type for a storage type: double for double, float for everything else.
+/// Accumulator type for a storage type: double for double and for integers (exact for
+/// every i32), float for the floating types.
 template <class T>
-using AccumulatorOf = std::conditional_t<std::is_same_v<T, double>, double, float>;
+using AccumulatorOf = std::conditional_t<std::is_same_v<T, double> || std::is_integral_v<T>, double, float>;
 
 /// Calls `fn.template operator()<T>()` with T the storage type of `dtype`.
 template <class Fn>
@@ -108,10 +109,22 @@ template <class T>
 TRAINMEM_HOST_DEVICE AccumulatorOf<T> widen(T value) {
   return static_cast<AccumulatorOf<T>>(value);
 }
+/// double -> float rounding to odd: a later rounding to a narrower format (f16, bf16)
+/// then rounds exactly once, as if from the double (float keeps > 2p+1 bits for both).
+TRAINMEM_HOST_DEVICE float to_float_round_to_odd(double value) {
+  const float nearest = static_cast<float>(value);
+  if (static_cast<double>(nearest) == value || nearest != nearest) return nearest;
+  std::uint32_t bits = float_bits(nearest);
+  const bool rounded_away = (nearest > 0) == (static_cast<double>(nearest) > value);  // |nearest| > |value|
+  if (rounded_away && (bits & 0x7fffffffu) != 0) bits -= 1;  // step back toward zero: truncation
+  return bits_float(bits | 1u);
+}
+
 template <class T, class A>
 TRAINMEM_HOST_DEVICE T narrow(A value) {
   if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
-    return T(static_cast<float>(value));
+    if constexpr (std::is_same_v<A, double>) return T(to_float_round_to_odd(value));
+    else return T(static_cast<float>(value));
   } else {
     return static_cast<T>(value);
   }

@@ -56,7 +56,8 @@ struct Half {
     const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
     std::uint32_t exponent = (h >> 10) & 0x1fu;
     std::uint32_t mantissa = h & 0x3ffu;
-    if (exponent == 0x1fu) return detail::bits_float(sign | 0x7f800000u | (mantissa << 13));
+    if (exponent == 0x1fu)  // infinity, or NaN made quiet (as the F16C instructions do)
+      return detail::bits_float(sign | 0x7f800000u | (mantissa << 13) | (mantissa != 0 ? 0x00400000u : 0u));
     if (exponent == 0) {
       if (mantissa == 0) return detail::bits_float(sign);
       exponent = 127 - 15 + 1;  // normalise the subnormal

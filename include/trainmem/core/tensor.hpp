@@ -43,13 +43,24 @@ class Storage {
   std::uint64_t version() const { return version_; }
   void bump_version() { ++version_; }
 
+  /// Something keeps these bytes for backward: a temporary becomes a saved activation
+  /// while at least one keeper holds it, and a temporary again after the last lets go.
+  void add_saved_ref() {
+    if (saved_refs_++ == 0 && category_ == MemCategory::Temporary) retag(MemCategory::SavedActivation);
+  }
+  void drop_saved_ref() {
+    if (--saved_refs_ == 0 && category_ == MemCategory::SavedActivation) retag(MemCategory::Temporary);
+  }
+
  private:
   B* backend_;
   std::size_t bytes_;
   MemCategory category_;
   void* data_;
   std::uint64_t version_ = 0;
+  std::int64_t saved_refs_ = 0;
 };
+
 
 /// \brief Contiguous row-major tensor with a run-time dtype, on backend B.
 template <class B>

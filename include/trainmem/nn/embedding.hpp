@@ -17,7 +17,8 @@ class Embedding {
     detail::check(count > 0 && dim > 0, "nn::Embedding: extents must be positive, got ", count, " x ", dim);
     table_ = init.parameter<B>(Shape{count, dim}, init.normal(count * dim, 0.0, stddev), dtype, name + ".weight");
   }
-  Var<B> operator()(const Tensor<B>& ids) const { return embedding(table_, ids); }
+  /// Looks up i32 ids (a Var from tape.input).
+  Var<B> operator()(const Var<B>& ids) const { return embedding(table_, ids); }
   const Var<B>& weight() const { return table_; }
   std::vector<Var<B>> parameters() const { return {table_}; }
 

@@ -1,7 +1,9 @@
 // trainmem/ops/embedding.hpp — row lookup into a table.
 //
 // Keeps only the ids; backward scatters output-gradient rows into a zeroed table
-// gradient (+= so repeated ids accumulate). Runs in the table's dtype.
+// gradient (+= so repeated ids accumulate). Runs in the table's dtype. The ids come in
+// as an i32 Var (tape.input(ids)): the table is usually a parameter on no tape, and
+// the ids are what puts the lookup on one.
 #pragma once
 
 #include "trainmem/detail/op_helpers.hpp"
@@ -14,11 +16,12 @@ inline constexpr OpInfo kEmbeddingOp{"embedding", OpKind::Embedding, AutocastCat
 
 /// out[..., :] = weight[ids[...], :] for weight [V, D] and i32 ids of any shape.
 template <class B>
-Var<B> embedding(const Var<B>& weight, const Tensor<B>& ids) {
+Var<B> embedding(const Var<B>& weight, const Var<B>& id_var) {
   const auto& op = detail::kEmbeddingOp;
   detail::require_floating(op, weight, "weight");
   detail::check(weight.shape().rank() == 2, "embedding: weight must be [V, D], got ", weight.shape());
-  detail::check(ids.defined() && ids.dtype() == DType::I32, "embedding: ids must be an i32 tensor");
+  detail::check(id_var.dtype() == DType::I32, "embedding: ids must be i32, got ", id_var.dtype(), " ", id_var.shape());
+  const Tensor<B>& ids = id_var.value();
   {
     const auto host = ids.template to_host<double>();
     for (std::size_t i = 0; i < host.size(); ++i)
@@ -28,7 +31,7 @@ Var<B> embedding(const Var<B>& weight, const Tensor<B>& ids) {
   auto dims = ids.shape().dims();
   dims.push_back(weight.shape()[1]);
   const Shape out_shape(dims);
-  OpRecorder<B> rec(op, {weight}, 0.0);
+  OpRecorder<B> rec(op, {weight, id_var}, 0.0);
   const DType dtype = rec.compute_dtype();
   Tensor<B> tw = rec.input(0);
   SavedTensor<B> saved_ids = rec.save(ids);
@@ -41,7 +44,7 @@ Var<B> embedding(const Var<B>& weight, const Tensor<B>& ids) {
   return rec.finish(out[0], [=](const Grads<B>& g) {
     Tensor<B> dw = Tensor<B>::zeros(w_shape, g[0].dtype(), MemCategory::Temporary, g[0].backend());
     g[0].backend().embedding_backward(g[0], saved_ids.unpack(), dw);
-    return Grads<B>{dw};
+    return Grads<B>{dw, Tensor<B>()};
   });
 }
 

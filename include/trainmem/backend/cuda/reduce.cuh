@@ -1,0 +1,111 @@
+// trainmem/backend/cuda/reduce.cuh — deterministic two-stage reductions, in the accumulator type.
+//
+// No atomics: the first kernel writes one partial sum per block (per column chunk for
+// column sums), the second adds the partials in a fixed order and hands the total to a
+// `finish` functor that stores it (narrowing, scaling, or adding to an accumulator).
+// The grid depends only on the problem size and the device, so the same inputs give
+// the same bits on every run. The summand is a functor `value(i)` or `value(r, c)`, so
+// a reduction of a product (x², dy·x̂) reads its inputs once and stores no intermediate.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "trainmem/backend/cuda/element_io.cuh"
+#include "trainmem/backend/cuda/launch.cuh"
+
+namespace trainmem::cuda::detail {
+
+// --- sum of all elements ----------------------------------------------------------------
+template <class Acc, class ValueAt>
+__global__ void reduce_all_partials_kernel(ValueAt value, std::int64_t n, Acc* partial) {
+  Acc acc = Acc(0);
+  for (std::int64_t i = global_thread(); i < n; i += grid_stride()) acc += value(i);
+  acc = block_all_reduce(acc, SumOp{}, Acc(0));
+  if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+}
+
+template <class Acc, class Finish>
+__global__ void reduce_all_finish_kernel(const Acc* partial, int count, Finish finish) {
+  Acc acc = Acc(0);
+  for (int i = static_cast<int>(threadIdx.x); i < count; i += static_cast<int>(blockDim.x)) acc += partial[i];
+  acc = block_all_reduce(acc, SumOp{}, Acc(0));
+  if (threadIdx.x == 0) finish(acc);
+}
+
+/// finish(sum over i < n of value(i)), summed in Acc.
+template <class Acc, class ValueAt, class Finish>
+void reduce_all(const KernelContext& ctx, std::int64_t n, ValueAt value, Finish finish) {
+  const unsigned blocks = std::min(blocks_for(ctx, n, 8), 1024u);
+  ScratchBuffer partial(ctx, blocks * sizeof(Acc));
+  reduce_all_partials_kernel<Acc><<<blocks, kThreads, 0, ctx.stream>>>(value, n, partial.as<Acc>());
+  TRAINMEM_CUDA_CHECK_LAUNCH("reduce_all_partials_kernel");
+  reduce_all_finish_kernel<Acc><<<1, kThreads, 0, ctx.stream>>>(partial.as<const Acc>(), static_cast<int>(blocks), finish);
+  TRAINMEM_CUDA_CHECK_LAUNCH("reduce_all_finish_kernel");
+}
+
+// --- sums over rows, one per column -------------------------------------------------------
+inline constexpr int kColumnTile = 32;  // columns per block: one per lane, coalesced
+inline constexpr int kColumnRows = 8;   // rows a block walks in parallel
+
+template <class Acc, class ValueAt>
+__global__ void reduce_columns_partials_kernel(ValueAt value, std::int64_t rows, std::int64_t cols,
+                                               std::int64_t rows_per_chunk, Acc* partial) {
+  __shared__ Acc tile[kColumnRows][kColumnTile + 1];
+  const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * kColumnTile + threadIdx.x;
+  const std::int64_t first = static_cast<std::int64_t>(blockIdx.y) * rows_per_chunk;
+  const std::int64_t last = first + rows_per_chunk < rows ? first + rows_per_chunk : rows;
+  Acc acc = Acc(0);
+  if (c < cols)
+    for (std::int64_t r = first + threadIdx.y; r < last; r += kColumnRows) acc += value(r, c);
+  tile[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < cols) {
+    Acc sum = Acc(0);
+    for (int y = 0; y < kColumnRows; ++y) sum += tile[y][threadIdx.x];
+    partial[static_cast<std::int64_t>(blockIdx.y) * cols + c] = sum;
+  }
+}
+
+template <class Acc, class Finish>
+__global__ void reduce_columns_finish_kernel(const Acc* partial, std::int64_t chunks, std::int64_t cols, Finish finish) {
+  for (std::int64_t c = global_thread(); c < cols; c += grid_stride()) {
+    Acc sum = Acc(0);
+    for (std::int64_t k = 0; k < chunks; ++k) sum += partial[k * cols + c];
+    finish(c, sum);
+  }
+}
+
+/// finish(c, sum over r < rows of value(r, c)) for every c < cols, summed in Acc.
+template <class Acc, class ValueAt, class Finish>
+void reduce_columns(const KernelContext& ctx, std::int64_t rows, std::int64_t cols, ValueAt value, Finish finish) {
+  if (cols == 0) return;
+  const std::int64_t tiles = (cols + kColumnTile - 1) / kColumnTile;
+  // Enough row chunks for about four blocks per SM, each chunk at least kColumnRows rows.
+  const std::int64_t max_chunks = std::max<std::int64_t>(1, (rows + kColumnRows - 1) / kColumnRows);
+  std::int64_t chunks = std::clamp<std::int64_t>((4 * ctx.sm_count + tiles - 1) / tiles, 1, max_chunks);
+  chunks = std::min<std::int64_t>(chunks, 65535);
+  const std::int64_t rows_per_chunk = std::max<std::int64_t>(1, (rows + chunks - 1) / chunks);
+  chunks = std::max<std::int64_t>(1, (rows + rows_per_chunk - 1) / rows_per_chunk);
+  ScratchBuffer partial(ctx, static_cast<std::size_t>(chunks * cols) * sizeof(Acc));
+  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(chunks));
+  const dim3 block(kColumnTile, kColumnRows);
+  reduce_columns_partials_kernel<Acc><<<grid, block, 0, ctx.stream>>>(value, rows, cols, rows_per_chunk,
+                                                                      partial.as<Acc>());
+  TRAINMEM_CUDA_CHECK_LAUNCH("reduce_columns_partials_kernel");
+  reduce_columns_finish_kernel<Acc><<<blocks_for(ctx, cols), kThreads, 0, ctx.stream>>>(partial.as<const Acc>(), chunks,
+                                                                                      cols, finish);
+  TRAINMEM_CUDA_CHECK_LAUNCH("reduce_columns_finish_kernel");
+}
+
+// --- common summands and finishes ---------------------------------------------------------
+/// in[i] widened (a flat sum) or in[r * cols + c] widened (a column sum).
+template <class Acc, class T>
+struct WidenedElement {
+  const T* in;
+  std::int64_t cols;
+  __device__ Acc operator()(std::int64_t i) const { return load<Acc>(in, i); }
+  __device__ Acc operator()(std::int64_t r, std::int64_t c) const { return load<Acc>(in, r * cols + c); }
+};
+
+}  // namespace trainmem::cuda::detail
