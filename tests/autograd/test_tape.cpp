@@ -285,3 +285,15 @@ TEST_CASE("A gradient is cast back to its input's dtype", "[autograd]") {
   check_close(a.grad().to_host<double>(), {3.0, 4.5, 6.25});
   check_close(b.grad().to_host<double>(), {3.0, 4.5, 6.25});
 }
+
+TEST_CASE("Matmul-class ops reject mixed operand dtypes outside autocast", "[autograd][errors]") {
+  B be;
+  Tape<B> tape(be);
+  const auto a = tape.input(T::zeros(Shape{2, 3}, DType::F32, MemCategory::Temporary, be), true);
+  const auto b = tape.input(T::zeros(Shape{3, 4}, DType::F64, MemCategory::Temporary, be), true);
+  CHECK_THROWS_MATCHES(matmul(a, b), Error, ErrorContains("matmul: operands are f32 and f64"));
+  const auto w = tape.input(T::zeros(Shape{4, 3}, DType::BF16, MemCategory::Temporary, be), true);
+  CHECK_THROWS_MATCHES(linear(a, w), Error, ErrorContains("outside autocast"));
+  amp::Autocast autocast(DType::BF16);
+  CHECK(linear(a, w).dtype() == DType::BF16);  // under autocast both are cast to bf16
+}

@@ -50,7 +50,13 @@ class OpRecorder {
     }
     detail::check(tape_ != nullptr, op.name, ": none of its inputs is on a tape; bring data in with tape.input()");
     records_ = grad_enabled() && any_requires_grad_;
-    compute_dtype_ = amp::autocast_state().compute_dtype(op, floating);
+    const amp::AutocastState& autocast = amp::autocast_state();
+    if (autocast.category_of(op) == AutocastCategory::LowerPrecision && !autocast.enabled) {
+      for (DType d : floating)  // like torch.mm: no silent promotion of matmul operands
+        detail::check(d == floating.front(), op.name, ": operands are ", floating.front(), " and ", d,
+                      "; outside autocast matmul-class ops need one dtype (cast first, or run under amp::Autocast)");
+    }
+    compute_dtype_ = autocast.compute_dtype(op, floating);
     hook_ = tape_->hook();
     if (hook_ != nullptr) op_index_ = hook_->begin_op(op);
   }
