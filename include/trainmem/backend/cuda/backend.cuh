@@ -138,9 +138,17 @@ class Backend {
     TRAINMEM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream()));
     TRAINMEM_CUDA_CHECK(cudaStreamSynchronize(stream()));
   }
-  /// Device to device, queued (the ranges must not overlap).
+  /// Device to device, queued; overlapping ranges go through a scratch buffer (memmove semantics).
   void copy(void* dst, const void* src, std::size_t bytes) {
     if (bytes == 0 || dst == src) return;
+    const auto* d = static_cast<const std::byte*>(dst);
+    const auto* s = static_cast<const std::byte*>(src);
+    if (d < s + bytes && s < d + bytes) {
+      detail::ScratchBuffer staging(context(), bytes);
+      TRAINMEM_CUDA_CHECK(cudaMemcpyAsync(staging.as<void>(), src, bytes, cudaMemcpyDeviceToDevice, stream()));
+      TRAINMEM_CUDA_CHECK(cudaMemcpyAsync(dst, staging.as<const void>(), bytes, cudaMemcpyDeviceToDevice, stream()));
+      return;
+    }
     TRAINMEM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream()));
   }
   void fill_zero(void* dst, std::size_t bytes) {

@@ -2,9 +2,9 @@
 //
 // Kernels compute in the accumulator type (float, or double for f64) and convert at
 // the load and the store, with the same rounding as the host: `widen` and `narrow`
-// give the bits of trainmem::detail::widen/narrow (round to nearest even). f16 uses
-// the hardware conversions (Half is reinterpreted as __half); bf16 uses the shared
-// BFloat16 code, which is two integer operations. `Pack` moves up to 16 bytes per
+// give the bits of trainmem::detail::widen/narrow (round to nearest even, once) for
+// every value but NaN payloads. f16 uses the hardware conversions (Half is
+// reinterpreted as __half); bf16 uses the shared BFloat16 code (integer operations). `Pack` moves up to 16 bytes per
 // access when pointers allow it. `load_as`/`store_as` take the dtype at run time, for
 // kernels where instantiating every dtype combination would cost more than a
 // warp-uniform switch.
@@ -27,14 +27,17 @@ __device__ __forceinline__ double widen(double x) { return x; }
 __device__ __forceinline__ float widen(Half h) { return __half2float(__ushort_as_half(h.bits)); }
 __device__ __forceinline__ float widen(BFloat16 b) { return BFloat16::to_float(b.bits); }
 
+/// As trainmem::detail::narrow: a double reaches 16 bits with one rounding (through the
+/// round-to-odd float), a float with one; f16 rounds in hardware, the rest in the shared code.
 template <class T, class A>
 __device__ __forceinline__ T narrow(A value) {
   if constexpr (std::is_same_v<T, Half>) {
-    return Half::from_bits(__half_as_ushort(__float2half_rn(static_cast<float>(value))));
-  } else if constexpr (std::is_same_v<T, BFloat16>) {
-    return BFloat16::from_bits(BFloat16::from_float(static_cast<float>(value)));
+    float single;
+    if constexpr (std::is_same_v<A, double>) single = trainmem::detail::to_float_round_to_odd(value);
+    else single = static_cast<float>(value);
+    return Half::from_bits(__half_as_ushort(__float2half_rn(single)));
   } else {
-    return static_cast<T>(value);
+    return trainmem::detail::narrow<T>(value);
   }
 }
 
@@ -96,8 +99,7 @@ __device__ __forceinline__ Acc negative_infinity() {
 }
 
 // Global-namespace CUDA math (the ops define trainmem::exp and trainmem::log for Vars).
-__device__ __forceinline__ float acc_exp(float x) { return ::expf(x); }
-__device__ __forceinline__ double acc_exp(double x) { return ::exp(x); }
+// exp is math::exp, shared with the CPU loops (NOTE [Fast float math] in core/math.hpp).
 __device__ __forceinline__ float acc_log(float x) { return ::logf(x); }
 __device__ __forceinline__ double acc_log(double x) { return ::log(x); }
 __device__ __forceinline__ float acc_sqrt(float x) { return ::sqrtf(x); }

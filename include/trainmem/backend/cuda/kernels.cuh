@@ -228,12 +228,12 @@ __global__ void softmax_kernel(const T* x, T* y, std::int64_t rows, std::int64_t
     for (std::int64_t c = threadIdx.x; c < cols; c += blockDim.x) max = MaxOp{}(max, load<Acc>(xr, c));
     max = block_all_reduce(max, MaxOp{}, negative_infinity<Acc>());
     Acc sum = Acc(0);
-    for (std::int64_t c = threadIdx.x; c < cols; c += blockDim.x) sum += acc_exp(load<Acc>(xr, c) - max);
+    for (std::int64_t c = threadIdx.x; c < cols; c += blockDim.x) sum += math::exp(load<Acc>(xr, c) - max);
     sum = block_all_reduce(sum, SumOp{}, Acc(0));
     const Acc log_sum = acc_log(sum);
     for (std::int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
       const Acc shifted = load<Acc>(xr, c) - max;
-      yr[c] = narrow<T>(log_output ? shifted - log_sum : acc_exp(shifted) / sum);
+      yr[c] = narrow<T>(log_output ? shifted - log_sum : math::exp(shifted) / sum);
     }
   }
 }
@@ -250,7 +250,7 @@ __global__ void softmax_backward_kernel(const T* dy, const T* y, T* dx, std::int
       dot += log_output ? load<Acc>(dyr, c) : load<Acc>(dyr, c) * load<Acc>(yr, c);
     dot = block_all_reduce(dot, SumOp{}, Acc(0));
     for (std::int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-      const Acc g = log_output ? load<Acc>(dyr, c) - acc_exp(load<Acc>(yr, c)) * dot
+      const Acc g = log_output ? load<Acc>(dyr, c) - math::exp(load<Acc>(yr, c)) * dot
                                : load<Acc>(yr, c) * (load<Acc>(dyr, c) - dot);
       dxr[c] = narrow<T>(g);
     }
@@ -383,7 +383,7 @@ __global__ void cross_entropy_rows_kernel(const T* logits, const std::int32_t* l
     for (std::int64_t c = threadIdx.x; c < cols; c += blockDim.x) max = MaxOp{}(max, load<Acc>(xr, c));
     max = block_all_reduce(max, MaxOp{}, negative_infinity<Acc>());
     Acc sum = Acc(0);
-    for (std::int64_t c = threadIdx.x; c < cols; c += blockDim.x) sum += acc_exp(load<Acc>(xr, c) - max);
+    for (std::int64_t c = threadIdx.x; c < cols; c += blockDim.x) sum += math::exp(load<Acc>(xr, c) - max);
     sum = block_all_reduce(sum, SumOp{}, Acc(0));
     if (threadIdx.x == 0) {
       const Acc row_lse = max + acc_log(sum);
@@ -447,7 +447,7 @@ __global__ void cross_entropy_backward_kernel(const Acc* dloss, const T* logits,
   const std::int64_t n = rows * cols;
   for (std::int64_t i = global_thread(); i < n; i += grid_stride()) {
     const std::int64_t r = i / cols, c = i - r * cols;
-    const Acc p = acc_exp(load<Acc>(logits, i) - lse[r]);
+    const Acc p = math::exp(load<Acc>(logits, i) - lse[r]);
     dlogits[i] = narrow<T>(scale * (p - (c == labels[r] ? Acc(1) : Acc(0))));
   }
 }

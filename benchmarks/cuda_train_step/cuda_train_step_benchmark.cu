@@ -1,0 +1,286 @@
+// benchmarks/cuda_train_step/cuda_train_step_benchmark.cu — one training step of a transformer stack on the GPU.
+//
+// A stack of nn::TransformerBlock (pre-LN GPT-2 blocks: dim 768, 12 heads, MLP 3072,
+// 1024 tokens per sequence, batch 8, 6 blocks by default) runs one full step —
+// forward, mean loss, backward, AdamW — in two precisions and three schedules:
+//   precision  f32: f32 parameters and activations, f32 GEMMs without TF32;
+//              bf16: f32 parameters under amp::Autocast(BF16) (bf16 GEMMs with f32
+//              accumulation, f32 softmax/norms/loss, weights cast once per step);
+//   schedule   plain: every activation kept for backward;
+//              full: each block a checkpoint region that keeps nothing (full recompute);
+//              selective: regions keeping matmul outputs (policy::save_matmuls).
+// Each configuration starts from the same seeded weights and input, so the first
+// step's loss and gradient norm must agree across schedules of one precision (a
+// recompute reproduces the forward): they are checked, and a mismatch fails the run.
+// Timing per METHOD.md: CUDA events around the whole step on the backend's stream
+// (host gaps included), warm-up steps first, then the median of --steps steps. The
+// configurations run one after another, each alone on the device, so the peak bytes
+// per MemoryStats category (over each step, the window reset at its start) are its own.
+//
+//   trainmem_cuda_train_step_benchmark [--json PATH] [--layers N] [--batch B] [--seq T]
+//                                      [--dim D] [--heads H] [--steps N] [--dropout P] [--quick]
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "trainmem/cuda.hpp"
+
+namespace {
+
+namespace tmem = trainmem;
+using Gpu = tmem::cuda::Backend;
+using Var = tmem::Var<Gpu>;
+using TensorT = tmem::Tensor<Gpu>;
+
+struct Config {
+  std::int64_t layers = 6, batch = 8, seq = 1024, dim = 768, heads = 12;
+  int steps = 7, warmup = 2;
+  float dropout = 0.0f;
+  std::string json_path;
+};
+
+Config parse(int argc, char** argv) {
+  Config c;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto next = [&]() -> const char* {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "%s needs a value\n", arg.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (arg == "--json") c.json_path = next();
+    else if (arg == "--layers") c.layers = std::atoll(next());
+    else if (arg == "--batch") c.batch = std::atoll(next());
+    else if (arg == "--seq") c.seq = std::atoll(next());
+    else if (arg == "--dim") c.dim = std::atoll(next());
+    else if (arg == "--heads") c.heads = std::atoll(next());
+    else if (arg == "--steps") c.steps = std::max(3, std::atoi(next()));
+    else if (arg == "--dropout") c.dropout = static_cast<float>(std::atof(next()));
+    else if (arg == "--quick") {
+      c.layers = 2;
+      c.batch = 2;
+      c.seq = 256;
+      c.dim = 256;
+      c.heads = 4;
+      c.steps = 3;
+      c.warmup = 1;
+    } else {
+      std::fprintf(stderr,
+                   "usage: %s [--json PATH] [--layers N] [--batch B] [--seq T] [--dim D] [--heads H] [--steps N] "
+                   "[--dropout P] [--quick]\n",
+                   argv[0]);
+      std::exit(2);
+    }
+  }
+  return c;
+}
+
+enum class Schedule { Plain, Full, Selective };
+const char* name_of(Schedule s) {
+  switch (s) {
+    case Schedule::Plain: return "plain";
+    case Schedule::Full: return "full";
+    case Schedule::Selective: return "selective";
+  }
+  return "?";
+}
+
+/// The blocks a schedule runs: plain calls, or one checkpoint region per block.
+Var run_blocks(Schedule schedule, tmem::Tape<Gpu>& tape, const std::vector<tmem::nn::TransformerBlock<Gpu>>& blocks,
+               Var h) {
+  tmem::CheckpointOptions options;
+  if (schedule == Schedule::Selective) options.policy = tmem::policy::save_matmuls();
+  for (const auto& block : blocks) {
+    if (schedule == Schedule::Plain) h = block(h);
+    else h = tmem::checkpoint(tape, options, [&block](const Var& x) { return block(x); }, h);
+  }
+  return h;
+}
+
+/// One model, optimizer and input per configuration; all start from the same seeds.
+struct Run {
+  tmem::DType precision;
+  Schedule schedule;
+  std::vector<tmem::nn::TransformerBlock<Gpu>> blocks;
+  std::unique_ptr<tmem::optim::AdamW<Gpu>> optimizer;
+  TensorT input;
+  std::vector<double> step_ms;
+  double first_loss = 0.0, first_grad_norm2 = 0.0;
+  std::array<std::int64_t, tmem::kMemCategoryCount> peak{};
+  std::int64_t peak_total = 0;
+};
+
+std::unique_ptr<Run> make_run(const Config& c, tmem::DType precision, Schedule schedule, const std::vector<float>& x) {
+  auto run = std::make_unique<Run>();
+  run->precision = precision;
+  run->schedule = schedule;
+  tmem::nn::Init init(2026);
+  for (std::int64_t i = 0; i < c.layers; ++i)
+    run->blocks.emplace_back(c.dim, c.heads, 4 * c.dim, init, c.dropout, tmem::DType::F32,
+                             "block" + std::to_string(i));
+  std::vector<Var> params;
+  for (const auto& block : run->blocks)
+    for (const auto& p : block.parameters()) params.push_back(p);
+  run->optimizer = std::make_unique<tmem::optim::AdamW<Gpu>>(params, tmem::optim::AdamWOptions{3e-4});
+  run->input = TensorT::from_host(tmem::Shape{c.batch, c.seq, c.dim}, x, tmem::DType::F32);
+  return run;
+}
+
+/// One step; returns its time in ms (events around the step on the backend's stream).
+double step(Run& run, bool record) {
+  Gpu& gpu = Gpu::default_instance();
+  cudaEvent_t start, stop;
+  TRAINMEM_CUDA_CHECK(cudaEventCreate(&start));
+  TRAINMEM_CUDA_CHECK(cudaEventCreate(&stop));
+  gpu.synchronize();
+  gpu.memory().reset_peak();
+  TRAINMEM_CUDA_CHECK(cudaEventRecord(start, gpu.stream()));
+  {
+    tmem::Tape<Gpu> tape(gpu);
+    tape.manual_seed(7);
+    run.optimizer->zero_grad();
+    Var x = tape.input(run.input);
+    std::optional<tmem::amp::Autocast> autocast;
+    if (run.precision == tmem::DType::BF16) autocast.emplace(tmem::DType::BF16);
+    Var loss = tmem::mean(run_blocks(run.schedule, tape, run.blocks, x));
+    tape.backward(loss);
+    autocast.reset();
+    if (record) {  // the first step's loss and gradient norm, before the update
+      run.first_loss = loss.value().to_host<double>()[0];
+      auto norm2 = TensorT::zeros(tmem::Shape{}, tmem::DType::F64);
+      for (const auto& e : run.optimizer->entries()) gpu.sum_squares(e.param.grad(), norm2);
+      run.first_grad_norm2 = norm2.to_host<double>()[0];
+    }
+    run.optimizer->step();
+  }
+  TRAINMEM_CUDA_CHECK(cudaEventRecord(stop, gpu.stream()));
+  TRAINMEM_CUDA_CHECK(cudaEventSynchronize(stop));
+  float ms = 0.0f;
+  TRAINMEM_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  gpu.synchronize();
+  for (std::size_t c = 0; c < tmem::kMemCategoryCount; ++c)
+    run.peak[c] = std::max(run.peak[c], gpu.memory().peak(static_cast<tmem::MemCategory>(c)));
+  run.peak_total = std::max(run.peak_total, gpu.memory().peak_total());
+  return ms;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+double gib(std::int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0); }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Config c = parse(argc, argv);
+  try {
+    if (tmem::cuda::device_count() == 0) {
+      std::fprintf(stderr, "cuda_train_step: no CUDA device\n");
+      return 77;
+    }
+    Gpu& gpu = Gpu::default_instance();
+    cudaDeviceProp props{};
+    TRAINMEM_CUDA_CHECK(cudaGetDeviceProperties(&props, gpu.device()));
+    std::mt19937_64 engine(std::random_device{}());
+    std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+    std::vector<float> x(static_cast<std::size_t>(c.batch * c.seq * c.dim));
+    for (auto& v : x) v = dist(engine);
+
+    // One configuration at a time, so each one's peaks hold its own bytes only: its model,
+    // gradients and optimizer state, its activations, and the backend's GEMM workspace.
+    std::vector<std::unique_ptr<Run>> runs;
+    for (tmem::DType precision : {tmem::DType::F32, tmem::DType::BF16})
+      for (Schedule schedule : {Schedule::Plain, Schedule::Full, Schedule::Selective}) {
+        auto run = make_run(c, precision, schedule, x);
+        for (int w = 0; w < c.warmup; ++w) step(*run, w == 0);
+        for (int s = 0; s < c.steps; ++s) run->step_ms.push_back(step(*run, false));
+        std::printf("  %-5s %-9s %8.2f ms\n", std::string(tmem::name_of(precision)).c_str(), name_of(schedule),
+                    median(run->step_ms));
+        std::fflush(stdout);
+        run->blocks.clear();  // free the model and its optimizer state before the next one
+        run->optimizer.reset();
+        run->input = TensorT();
+        tmem::amp::CastCache<Gpu>::instance().clear();
+        gpu.synchronize();
+        runs.push_back(std::move(run));
+      }
+
+    auto find = [&](tmem::DType p, Schedule s) -> const Run& {
+      for (const auto& run : runs)
+        if (run->precision == p && run->schedule == s) return *run;
+      throw tmem::Error("no such run");
+    };
+    bool consistent = true;
+    for (const auto& run : runs) {
+      const Run& plain = find(run->precision, Schedule::Plain);
+      const double loss_diff = std::fabs(run->first_loss - plain.first_loss);
+      const double norm_diff = std::fabs(run->first_grad_norm2 - plain.first_grad_norm2) / plain.first_grad_norm2;
+      consistent = consistent && loss_diff == 0.0 && norm_diff <= 1e-6 && std::isfinite(run->first_grad_norm2);
+    }
+
+    const double f32_plain = median(find(tmem::DType::F32, Schedule::Plain).step_ms);
+    const double bf16_plain = median(find(tmem::DType::BF16, Schedule::Plain).step_ms);
+    if (!c.json_path.empty()) {
+      std::ofstream out(c.json_path);
+      out << "{\n  \"benchmark\": \"cuda_train_step\",\n  \"device\": \"" << props.name << "\",\n  \"config\": {"
+          << "\"layers\": " << c.layers << ", \"batch\": " << c.batch << ", \"seq\": " << c.seq << ", \"dim\": " << c.dim
+          << ", \"heads\": " << c.heads << ", \"hidden\": " << 4 * c.dim << ", \"dropout\": " << c.dropout
+          << ", \"steps\": " << c.steps << ", \"warmup\": " << c.warmup << "},\n  \"first_steps_consistent\": "
+          << (consistent ? "true" : "false") << ",\n  \"bf16_speedup_over_f32\": " << f32_plain / bf16_plain
+          << ",\n  \"runs\": [\n";
+      for (std::size_t i = 0; i < runs.size(); ++i) {
+        const Run& r = *runs[i];
+        const double plain = median(find(r.precision, Schedule::Plain).step_ms);
+        out << "    {\"precision\": \"" << tmem::name_of(r.precision) << "\", \"schedule\": \"" << name_of(r.schedule)
+            << "\", \"median_ms\": " << median(r.step_ms) << ", \"over_plain\": " << median(r.step_ms) / plain
+            << ", \"step_ms\": [";
+        for (std::size_t s = 0; s < r.step_ms.size(); ++s) out << (s ? ", " : "") << r.step_ms[s];
+        out << "], \"first_loss\": " << r.first_loss << ", \"first_grad_norm2\": " << r.first_grad_norm2
+            << ", \"peak_total_bytes\": " << r.peak_total << ", \"peak_bytes\": {";
+        for (std::size_t k = 0; k < tmem::kMemCategoryCount; ++k)
+          out << (k ? ", " : "") << "\"" << tmem::name_of(static_cast<tmem::MemCategory>(k)) << "\": " << r.peak[k];
+        out << "}}" << (i + 1 < runs.size() ? "," : "") << "\n";
+      }
+      out << "  ]\n}\n";
+    }
+
+    std::printf("cuda_train_step on %s: %lld x TransformerBlock(dim %lld, heads %lld, hidden %lld), batch %lld x %lld "
+                "tokens, median of %d steps\n",
+                props.name, static_cast<long long>(c.layers), static_cast<long long>(c.dim),
+                static_cast<long long>(c.heads), static_cast<long long>(4 * c.dim), static_cast<long long>(c.batch),
+                static_cast<long long>(c.seq), c.steps);
+    std::printf("%-5s %-9s %10s %8s %12s %12s %12s\n", "prec", "schedule", "step ms", "/plain", "peak GiB",
+                "saved GiB", "param+opt GiB");
+    for (const auto& run : runs) {
+      const Run& r = *run;
+      const double plain = median(find(r.precision, Schedule::Plain).step_ms);
+      const auto cat = [&](tmem::MemCategory k) { return r.peak[static_cast<std::size_t>(k)]; };
+      std::printf("%-5s %-9s %10.2f %8.3f %12.2f %12.2f %12.2f\n", std::string(tmem::name_of(r.precision)).c_str(),
+                  name_of(r.schedule), median(r.step_ms), median(r.step_ms) / plain, gib(r.peak_total),
+                  gib(cat(tmem::MemCategory::SavedActivation)),
+                  gib(cat(tmem::MemCategory::Parameter) + cat(tmem::MemCategory::OptimizerState)));
+    }
+    std::printf("bf16 speed-up over f32 (plain): %.2fx; first steps consistent across schedules: %s\n",
+                f32_plain / bf16_plain, consistent ? "yes" : "NO");
+    return consistent ? 0 : 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "cuda_train_step: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,70 @@
+# TrainmemHeaderCheck.cmake — every public header compiles on its own.
+#
+# One generated translation unit per header, each including its header twice: the
+# first include proves the header brings everything it uses, the second proves its
+# include guard. The TUs form the object library trainmem_header_check, built at -O0
+# (only the front end's verdict matters), and the CTest case header_self_contained
+# rebuilds it. With CUDA, the .cuh headers and trainmem/cuda.hpp get the same check
+# as .cu TUs through nvcc (trainmem_header_check_cuda, a dependency of the first).
+include_guard(GLOBAL)
+
+# Writes one TU per header in `headers` (absolute paths under include/) into `out_dir`
+# with suffix `ext`; returns the list of TUs in `out_var`. Unchanged TUs keep their
+# timestamps, so a reconfigure rebuilds nothing.
+function(_trainmem_header_tus out_var out_dir ext)
+  set(tus)
+  foreach(header IN LISTS ARGN)
+    file(RELATIVE_PATH rel "${PROJECT_SOURCE_DIR}/include" "${header}")
+    string(REGEX REPLACE "[/.]" "_" stem "${rel}")
+    set(tu "${out_dir}/${stem}${ext}")
+    file(CONFIGURE OUTPUT "${tu}" CONTENT
+         "// Generated: ${rel} compiles on its own and its include guard holds.\n#include <${rel}>\n#include <${rel}>\n"
+         @ONLY)
+    list(APPEND tus "${tu}")
+  endforeach()
+  set(${out_var} "${tus}" PARENT_SCOPE)
+endfunction()
+
+function(trainmem_add_header_check)
+  set(include_root "${PROJECT_SOURCE_DIR}/include/trainmem")
+  set(out_dir "${PROJECT_BINARY_DIR}/header_check")
+  file(GLOB_RECURSE hpp_headers CONFIGURE_DEPENDS "${include_root}/*.hpp")
+  # cuda.hpp reaches the .cuh headers, so only nvcc compiles it.
+  list(REMOVE_ITEM hpp_headers "${include_root}/cuda.hpp")
+  list(SORT hpp_headers)
+  _trainmem_header_tus(cxx_tus "${out_dir}/cxx" ".cpp" ${hpp_headers})
+
+  add_library(trainmem_header_check OBJECT ${cxx_tus})
+  target_link_libraries(trainmem_header_check PRIVATE trainmem::trainmem)
+  target_compile_options(trainmem_header_check PRIVATE -O0 -g0 -Wall -Wextra)
+
+  if(TRAINMEM_WITH_CUDA)
+    file(GLOB_RECURSE cuda_headers CONFIGURE_DEPENDS "${include_root}/backend/cuda/*.cuh")
+    if(EXISTS "${include_root}/cuda.hpp")
+      list(APPEND cuda_headers "${include_root}/cuda.hpp")
+    endif()
+    if(cuda_headers)
+      list(SORT cuda_headers)
+      _trainmem_header_tus(cuda_tus "${out_dir}/cuda" ".cu" ${cuda_headers})
+      add_library(trainmem_header_check_cuda OBJECT ${cuda_tus})
+      target_link_libraries(trainmem_header_check_cuda PRIVATE trainmem::cuda)
+      target_compile_options(trainmem_header_check_cuda PRIVATE -Xcompiler=-O0)
+      add_dependencies(trainmem_header_check trainmem_header_check_cuda)
+    endif()
+  endif()
+
+  list(LENGTH hpp_headers n_hpp)
+  list(LENGTH cuda_headers n_cuda)
+  message(STATUS "trainmem: header self-containment check over ${n_hpp} .hpp and ${n_cuda} CUDA headers")
+
+  # Builds the check target (under Ninja, every failing header, not just the first);
+  # the lock keeps two builds out of the build tree at once.
+  set(keep_going)
+  if(CMAKE_GENERATOR MATCHES "Ninja")
+    set(keep_going -- -k 0)
+  endif()
+  add_test(NAME header_self_contained
+           COMMAND "${CMAKE_COMMAND}" --build "${PROJECT_BINARY_DIR}" --target trainmem_header_check
+                   --config $<CONFIG> ${keep_going})
+  set_tests_properties(header_self_contained PROPERTIES RESOURCE_LOCK trainmem_build_tree)
+endfunction()

@@ -1,0 +1,40 @@
+# TrainmemPrograms.cmake — flags for trainmem's own tests, examples and benchmarks.
+#
+# trainmem_dev carries what our programs get and users of the library do not:
+# -march=native (TRAINMEM_NATIVE), warnings, and sanitizers (TRAINMEM_SANITIZE). It is
+# never installed or exported; trainmem::trainmem itself stays free of such flags.
+#
+#   trainmem_add_program(<name> <source>...)   add_executable + link trainmem_dev
+include_guard(GLOBAL)
+
+add_library(trainmem_dev INTERFACE)
+target_link_libraries(trainmem_dev INTERFACE trainmem::trainmem)
+target_compile_options(trainmem_dev INTERFACE $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra>)
+if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
+  # GCC 12 reports its own AVX-512 intrinsics (`__m512i __Y = __Y;`), inlined through
+  # Eigen and the F16/BF16 converters, as maybe-uninitialized under -march=native.
+  target_compile_options(trainmem_dev INTERFACE $<$<COMPILE_LANGUAGE:CXX>:-Wno-maybe-uninitialized>)
+endif()
+
+if(TRAINMEM_NATIVE)
+  include(CheckCXXCompilerFlag)
+  check_cxx_compiler_flag(-march=native TRAINMEM_HAS_MARCH_NATIVE)
+  if(TRAINMEM_HAS_MARCH_NATIVE)
+    # Host C++ only: nvcc's front end rejects some of GCC's newer intrinsic headers.
+    target_compile_options(trainmem_dev INTERFACE $<$<COMPILE_LANGUAGE:CXX>:-march=native>)
+  endif()
+endif()
+
+if(TRAINMEM_SANITIZE)
+  set(_trainmem_sanitize_flags -fsanitize=${TRAINMEM_SANITIZE} -fno-omit-frame-pointer -fno-sanitize-recover=all)
+  target_compile_options(trainmem_dev INTERFACE $<$<COMPILE_LANGUAGE:CXX>:${_trainmem_sanitize_flags}>)
+  target_link_options(trainmem_dev INTERFACE $<$<LINK_LANGUAGE:CXX>:${_trainmem_sanitize_flags}>)
+endif()
+
+set(TRAINMEM_FASHION_MNIST_DIR "/usr/share/datasets/fashion-mnist" CACHE PATH
+    "Fashion-MNIST IDX files (Debian package dataset-fashion-mnist)")
+
+function(trainmem_add_program name)
+  add_executable(${name} ${ARGN})
+  target_link_libraries(${name} PRIVATE trainmem_dev)
+endfunction()

@@ -1,0 +1,365 @@
+// examples/char_transformer/main.cpp — a small causal transformer that learns to write
+// like a text file, one character at a time.
+//
+// Shows trainmem on a language-model step: token and position embeddings
+// (nn::Embedding), a stack of pre-LN causal nn::TransformerBlocks, a final LayerNorm and
+// a linear head over the characters, trained with AdamW on random windows of the text
+// (default: the GPL-3 text every Debian machine has). The blocks are the stages a
+// checkpoint schedule cuts at; their attention scores ([batch * heads, T, T] per
+// block) are the activations that schedules save the most on. It prints the training
+// and held-out loss every few steps, the peak bytes of one step per memory category,
+// and finally a sample of text generated from the trained model with a seeded sampler.
+//
+//   char_transformer                                  # GPL-3, about two minutes on 2 cores
+//   char_transformer --text book.txt --steps 2000 --temperature 0.8
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/memory_report.hpp"
+#include "common/settings.hpp"
+#include "common/training.hpp"
+#include "trainmem/trainmem.hpp"
+
+namespace {
+
+namespace tm = trainmem;
+using B = tm::cpu::Backend;
+using examples::Stage;
+using Clock = std::chrono::steady_clock;
+
+/// \brief The characters of a text as ids 0..V-1 (sorted byte values that occur).
+class CharText {
+ public:
+  explicit CharText(const std::filesystem::path& path) {
+    tm::detail::check(std::filesystem::exists(path), "text file ", path.string(), ": does not exist");
+    std::ifstream in(path, std::ios::binary);
+    tm::detail::check(in.good(), "text file ", path.string(), ": cannot be opened");
+    const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+    tm::detail::check(!in.bad(), "text file ", path.string(), ": read failed");
+    std::array<bool, 256> seen{};
+    for (unsigned char c : text) seen[c] = true;
+    std::array<std::int32_t, 256> id{};
+    for (int c = 0; c < 256; ++c)
+      if (seen[c]) {
+        id[c] = static_cast<std::int32_t>(chars_.size());
+        chars_.push_back(static_cast<char>(c));
+      }
+    ids_.reserve(text.size());
+    for (unsigned char c : text) ids_.push_back(id[c]);
+  }
+  std::int64_t vocabulary() const { return static_cast<std::int64_t>(chars_.size()); }
+  std::int64_t size() const { return static_cast<std::int64_t>(ids_.size()); }
+  const std::vector<std::int32_t>& ids() const { return ids_; }
+  char character(std::int32_t id) const { return chars_[static_cast<std::size_t>(id)]; }
+  /// Ids of `text`; characters the file never had are skipped.
+  std::vector<std::int32_t> encode(const std::string& text) const {
+    std::vector<std::int32_t> out;
+    for (char c : text) {
+      const auto it = std::find(chars_.begin(), chars_.end(), c);
+      if (it != chars_.end()) out.push_back(static_cast<std::int32_t>(it - chars_.begin()));
+    }
+    return out;
+  }
+
+ private:
+  std::vector<char> chars_;
+  std::vector<std::int32_t> ids_;
+};
+
+struct ModelConfig {
+  std::int64_t context = 64;
+  std::int64_t dim = 128;
+  std::int64_t depth = 4;
+  std::int64_t heads = 4;
+};
+
+/// \brief Token + position embedding, causal transformer blocks, LayerNorm, head.
+class CharTransformer {
+ public:
+  CharTransformer(const ModelConfig& c, std::int64_t vocabulary, std::uint64_t seed, tm::DType dtype) : config_(c) {
+    tm::nn::Init init(seed);
+    tokens_ = std::make_unique<tm::nn::Embedding<B>>(vocabulary, c.dim, init, 0.02, dtype, "tokens");
+    positions_ = std::make_unique<tm::nn::Embedding<B>>(c.context, c.dim, init, 0.02, dtype, "positions");
+    for (std::int64_t i = 0; i < c.depth; ++i)
+      blocks_.push_back(std::make_unique<tm::nn::TransformerBlock<B>>(c.dim, c.heads, 4 * c.dim, init, 0.0f, dtype,
+                                                                      "block" + std::to_string(i)));
+    final_ln_ = std::make_unique<tm::nn::LayerNorm<B>>(c.dim, 1e-5, dtype, "ln_f");
+    head_ = std::make_unique<tm::nn::Linear<B>>(c.dim, vocabulary, init, true, dtype, "head");
+  }
+
+  /// ids [n, t] (t <= context) -> token embedding + position embedding [n, t, dim].
+  tm::Var<B> embed(tm::Tape<B>& tape, const tm::Tensor<B>& ids) const {
+    const std::int64_t n = ids.shape()[0], t = ids.shape()[1];
+    std::vector<std::int32_t> positions(static_cast<std::size_t>(n * t));
+    for (std::int64_t i = 0; i < n * t; ++i) positions[i] = static_cast<std::int32_t>(i % t);
+    const std::vector<std::int32_t> tokens = host_ids(ids);
+    return tm::reshape(tm::add(lookup(tape, tokens_->weight(), tokens), lookup(tape, positions_->weight(), positions)),
+                       tm::Shape{n, t, config_.dim});
+  }
+
+  /// One stage per block, then LayerNorm + head: logits [n * t, vocabulary].
+  std::vector<Stage<B>> stages(bool training) const {
+    std::vector<Stage<B>> s;
+    for (const auto& block : blocks_) {
+      const tm::nn::TransformerBlock<B>* b = block.get();
+      s.push_back([b, training](const tm::Var<B>& x) { return (*b)(x, training); });
+    }
+    s.push_back([this](const tm::Var<B>& x) {
+      auto logits = (*head_)((*final_ln_)(x));
+      return tm::reshape(logits, tm::Shape{x.shape()[0] * x.shape()[1], logits.shape()[2]});
+    });
+    return s;
+  }
+
+  std::vector<tm::Var<B>> parameters() const {
+    std::vector<tm::Var<B>> p = tokens_->parameters();
+    for (auto& v : positions_->parameters()) p.push_back(v);
+    for (const auto& b : blocks_)
+      for (auto& v : b->parameters()) p.push_back(v);
+    for (auto& v : final_ln_->parameters()) p.push_back(v);
+    for (auto& v : head_->parameters()) p.push_back(v);
+    return p;
+  }
+  const ModelConfig& config() const { return config_; }
+
+ private:
+  static std::vector<std::int32_t> host_ids(const tm::Tensor<B>& ids) {
+    std::vector<std::int32_t> out(static_cast<std::size_t>(ids.numel()));
+    ids.backend().download(out.data(), ids.data(), ids.bytes());
+    return out;
+  }
+  /// Rows `ids` of `table` [V, dim], as one-hot [ids, V] times the table: the same values
+  /// and gradients as the embedding op. The op itself cannot be used here yet:
+  /// embedding(table, ids) takes a parameter (on no tape) and a plain Tensor, so none of
+  /// its inputs is on a tape and it throws.
+  static tm::Var<B> lookup(tm::Tape<B>& tape, const tm::Var<B>& table, const std::vector<std::int32_t>& ids) {
+    const std::int64_t rows = static_cast<std::int64_t>(ids.size()), v = table.shape()[0];
+    std::vector<float> one_hot(static_cast<std::size_t>(rows * v), 0.0f);
+    for (std::int64_t i = 0; i < rows; ++i) one_hot[static_cast<std::size_t>(i * v + ids[i])] = 1.0f;
+    return tm::matmul(tape.input(tm::Tensor<B>::from_host(tm::Shape{rows, v}, one_hot)), table);
+  }
+
+  ModelConfig config_;
+  std::unique_ptr<tm::nn::Embedding<B>> tokens_, positions_;
+  std::vector<std::unique_ptr<tm::nn::TransformerBlock<B>>> blocks_;
+  std::unique_ptr<tm::nn::LayerNorm<B>> final_ln_;
+  std::unique_ptr<tm::nn::Linear<B>> head_;
+};
+
+/// \brief `batch` windows of context + 1 characters: inputs and next-character targets.
+struct Batch {
+  tm::Tensor<B> inputs, targets;
+};
+
+Batch make_batch(const std::vector<std::int32_t>& ids, const std::vector<std::int64_t>& starts, std::int64_t context) {
+  const auto n = static_cast<std::int64_t>(starts.size());
+  std::vector<std::int32_t> in(static_cast<std::size_t>(n * context)), out(in.size());
+  for (std::int64_t i = 0; i < n; ++i)
+    for (std::int64_t t = 0; t < context; ++t) {
+      in[i * context + t] = ids[starts[i] + t];
+      out[i * context + t] = ids[starts[i] + t + 1];
+    }
+  Batch b{tm::Tensor<B>::empty(tm::Shape{n, context}, tm::DType::I32),
+          tm::Tensor<B>::empty(tm::Shape{n * context}, tm::DType::I32)};
+  b.inputs.backend().upload(b.inputs.data(), in.data(), b.inputs.bytes());
+  b.targets.backend().upload(b.targets.data(), out.data(), b.targets.bytes());
+  return b;
+}
+
+/// Window starts in [begin, end - context - 1], uniformly at random.
+std::vector<std::int64_t> random_starts(std::mt19937_64& rng, std::int64_t count, std::int64_t begin, std::int64_t end,
+                                        std::int64_t context) {
+  std::uniform_int_distribution<std::int64_t> pick(begin, end - context - 1);
+  std::vector<std::int64_t> starts(static_cast<std::size_t>(count));
+  for (auto& s : starts) s = pick(rng);
+  return starts;
+}
+
+/// Mean loss over fixed held-out windows (no graph recorded).
+double held_out_loss(tm::Tape<B>& tape, const CharTransformer& model, const std::vector<std::int32_t>& ids,
+                     const std::vector<std::int64_t>& starts, std::int64_t batch) {
+  const auto stages = model.stages(false);
+  double total = 0.0;
+  std::int64_t batches = 0;
+  for (std::size_t begin = 0; begin < starts.size(); begin += static_cast<std::size_t>(batch), ++batches) {
+    const std::vector<std::int64_t> chunk(
+        starts.begin() + static_cast<std::ptrdiff_t>(begin),
+        starts.begin() + static_cast<std::ptrdiff_t>(std::min(starts.size(), begin + static_cast<std::size_t>(batch))));
+    const Batch b = make_batch(ids, chunk, model.config().context);
+    tm::NoGradGuard no_grad;
+    const tm::Tensor<B> logits = examples::infer(tape, model, stages, b.inputs);
+    const tm::Var<B> loss = tm::cross_entropy(tape.input(logits), b.targets);
+    total += loss.value().to_host<double>()[0];
+    tape.clear();
+  }
+  return total / static_cast<double>(batches);
+}
+
+/// Continues `prompt` by `count` characters: greedy at temperature 0, else sampled.
+std::string generate(tm::Tape<B>& tape, const CharTransformer& model, const CharText& text, const std::string& prompt,
+                     std::int64_t count, double temperature, std::mt19937_64& rng) {
+  const auto stages = model.stages(false);
+  const std::int64_t context = model.config().context;
+  std::vector<std::int32_t> ids = text.encode(prompt);
+  if (ids.empty()) ids.push_back(0);
+  std::string out;
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  for (std::int64_t i = 0; i < count; ++i) {
+    const auto window_begin = ids.size() > static_cast<std::size_t>(context) ? ids.end() - context : ids.begin();
+    const std::vector<std::int32_t> window(window_begin, ids.end());
+    const auto t = static_cast<std::int64_t>(window.size());
+    tm::Tensor<B> input = tm::Tensor<B>::empty(tm::Shape{1, t}, tm::DType::I32);
+    input.backend().upload(input.data(), window.data(), input.bytes());
+    const std::vector<float> logits = examples::infer(tape, model, stages, input).to_host();
+    const float* last = logits.data() + (t - 1) * text.vocabulary();
+    std::int32_t next = static_cast<std::int32_t>(std::max_element(last, last + text.vocabulary()) - last);
+    if (temperature > 0.0) {
+      std::vector<double> weights(static_cast<std::size_t>(text.vocabulary()));
+      double total = 0.0;
+      for (std::size_t v = 0; v < weights.size(); ++v)
+        total += weights[v] = std::exp((last[v] - last[next]) / temperature);
+      double r = uniform(rng) * total;
+      for (next = 0; next + 1 < text.vocabulary() && r >= weights[static_cast<std::size_t>(next)]; ++next)
+        r -= weights[static_cast<std::size_t>(next)];
+    }
+    ids.push_back(next);
+    out += text.character(next);
+  }
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::filesystem::path text_path = "/usr/share/common-licenses/GPL-3";
+  ModelConfig config;
+  std::int64_t steps = 600, batch = 16, log_every = 50, sample_chars = 400;
+  double lr = 2e-3, weight_decay = 0.01, temperature = 0.7;
+  std::uint64_t seed = 1;
+  std::string prompt = "The ", precision = "fp32", checkpoint = "none";
+
+  CLI::App app{"Train a small character-level causal transformer on a text file and let it write."};
+  app.option_defaults()->always_capture_default();
+  app.add_option("--text", text_path, "text file to learn from");
+  app.add_option("--steps", steps, "training steps")->check(CLI::PositiveNumber);
+  app.add_option("--batch", batch, "windows per step")->check(CLI::PositiveNumber);
+  app.add_option("--context", config.context, "characters per window")->check(CLI::Range(2, 1024));
+  app.add_option("--dim", config.dim, "model width")->check(CLI::PositiveNumber);
+  app.add_option("--depth", config.depth, "transformer blocks")->check(CLI::PositiveNumber);
+  app.add_option("--heads", config.heads, "attention heads (must divide --dim)")->check(CLI::PositiveNumber);
+  app.add_option("--lr", lr, "peak learning rate (AdamW, warm-up then cosine)")->check(CLI::PositiveNumber);
+  app.add_option("--weight-decay", weight_decay, "AdamW weight decay")->check(CLI::NonNegativeNumber);
+  app.add_option("--precision", precision, "fp32, bf16 or fp16")->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  app.add_option("--checkpoint", checkpoint, "none, sqrt, every:K or selective (stages are the blocks)");
+  app.add_option("--seed", seed, "seed of initialisation, batches and sampling");
+  app.add_option("--log-every", log_every, "print the loss every N steps")->check(CLI::PositiveNumber);
+  app.add_option("--prompt", prompt, "text the sample starts from");
+  app.add_option("--sample-chars", sample_chars, "characters to generate at the end")->check(CLI::NonNegativeNumber);
+  app.add_option("--temperature", temperature, "sampling temperature; 0 picks the likeliest character")
+      ->check(CLI::NonNegativeNumber);
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    const auto run_start = Clock::now();
+    examples::MemorySettings settings;
+    settings.precision = examples::parse_precision(precision);
+    settings.checkpoint = examples::parse_checkpoint(checkpoint);
+    examples::require_available(settings);
+
+    const CharText text(text_path);
+    // The last 10% of the text is held out: its loss shows whether the model generalises.
+    const std::int64_t split = text.size() * 9 / 10;
+    tm::detail::check(split - config.context - 1 > 0 && text.size() - split - config.context - 1 > 0, "text file ",
+                      text_path.string(), ": ", text.size(), " characters is too short for windows of ", config.context,
+                      " (need more than ", 10 * (config.context + 1), ")");
+
+    CharTransformer model(config, text.vocabulary(), seed,
+                          examples::PrecisionRunner<B>::parameter_dtype(settings.precision));
+    std::int64_t parameter_count = 0;
+    for (const auto& p : model.parameters()) parameter_count += p.numel();
+    tm::optim::AdamW<B> optimizer(model.parameters(), {.lr = lr, .weight_decay = weight_decay});
+    examples::PrecisionRunner<B> precision_runner(settings.precision, optimizer);
+    tm::Tape<B> tape;
+    tape.manual_seed(seed);
+    std::mt19937_64 rng(seed);
+
+    std::printf("char_transformer: %s, %lld characters (%lld distinct)\n", text_path.string().c_str(),
+                static_cast<long long>(text.size()), static_cast<long long>(text.vocabulary()));
+    std::printf("  context %lld, dim %lld, %lld blocks, %lld heads: %lld parameters; %s\n",
+                static_cast<long long>(config.context), static_cast<long long>(config.dim),
+                static_cast<long long>(config.depth), static_cast<long long>(config.heads),
+                static_cast<long long>(parameter_count), settings.str().c_str());
+    std::printf("  %lld steps of %lld windows, AdamW lr %g (warm-up, cosine), weight decay %g, seed %llu\n",
+                static_cast<long long>(steps), static_cast<long long>(batch), lr, weight_decay,
+                static_cast<unsigned long long>(seed));
+    std::fflush(stdout);
+
+    std::mt19937_64 held_out_rng(seed + 1);
+    const std::vector<std::int64_t> held_out =
+        random_starts(held_out_rng, 4 * batch, split, text.size(), config.context);
+    const auto stages = model.stages(true);
+    examples::StepMemory step_memory;
+    double loss_sum = 0.0;
+    std::int64_t loss_count = 0;
+    auto window_start = Clock::now();
+    for (std::int64_t step = 0; step < steps; ++step) {
+      optimizer.options().lr = examples::learning_rate(lr, step, steps);
+      const Batch b = make_batch(text.ids(), random_starts(rng, batch, 0, split, config.context), config.context);
+      const auto one_step = [&] {
+        const examples::StepOutcome outcome = examples::train_step(
+            tape, model, stages, b.inputs,
+            [&](const tm::Var<B>& logits) { return tm::cross_entropy(logits, b.targets); }, settings.checkpoint,
+            precision_runner);
+        loss_sum += outcome.loss;
+        ++loss_count;
+      };
+      // The second step is measured (the first allocates the optimizer state).
+      if (step == 1)
+        step_memory = examples::measure_step(B::default_instance().memory(), one_step, false);
+      else
+        one_step();
+      if ((step + 1) % log_every == 0 || step + 1 == steps) {
+        const double seconds = std::chrono::duration<double>(Clock::now() - window_start).count();
+        std::printf("step %5lld  train loss %.4f  held-out loss %.4f  %.0f chars/s\n", static_cast<long long>(step + 1),
+                    loss_sum / static_cast<double>(loss_count), held_out_loss(tape, model, text.ids(), held_out, batch),
+                    static_cast<double>(loss_count * batch * config.context) / seconds);
+        std::fflush(stdout);
+        loss_sum = 0.0;
+        loss_count = 0;
+        window_start = Clock::now();
+      }
+    }
+    const double train_seconds = std::chrono::duration<double>(Clock::now() - run_start).count();
+
+    std::printf("\npeak bytes of one training step (batch %lld x %lld characters):", static_cast<long long>(batch),
+                static_cast<long long>(config.context));
+    for (std::size_t c = 0; c < examples::kMemCategoryCount; ++c)
+      if (step_memory.peak[c] > 0)
+        std::printf(" %s %s;", std::string(tm::name_of(static_cast<tm::MemCategory>(c))).c_str(),
+                    examples::format_bytes(static_cast<double>(step_memory.peak[c])).c_str());
+    std::printf(" total %s\n", examples::format_bytes(static_cast<double>(step_memory.peak_total)).c_str());
+
+    std::mt19937_64 sample_rng(seed);
+    const std::string sample = generate(tape, model, text, prompt, sample_chars, temperature, sample_rng);
+    std::printf("\nsample (temperature %g, seed %llu):\n%s%s\n", temperature, static_cast<unsigned long long>(seed),
+                prompt.c_str(), sample.c_str());
+    std::printf("\nwall time %.1f s (training and held-out loss %.1f s)\n",
+                std::chrono::duration<double>(Clock::now() - run_start).count(), train_seconds);
+    return 0;
+  } catch (const trainmem::Error& e) {
+    std::fprintf(stderr, "char_transformer: %s\n", e.what());
+    return 1;
+  }
+}

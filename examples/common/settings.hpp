@@ -1,0 +1,124 @@
+// examples/common/settings.hpp — the memory settings an example trains under.
+//
+// Precision, checkpoint schedule and device are parsed here from their command-line
+// spellings, and `require_available` is the one place that says which of them the
+// examples can run. Every value the options accept is parsed in full; one that the
+// example cannot run yet is refused with a message saying so, never quietly replaced
+// by another.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "trainmem/error.hpp"
+
+namespace examples {
+
+enum class Precision { Fp32, Bf16, Fp16 };
+enum class Device { Cpu, Cuda };
+
+/// \brief Which activations a training step keeps for backward.
+struct CheckpointSchedule {
+  enum class Kind {
+    None,       // keep every activation
+    Sqrt,       // about sqrt(N) segments of the N stages; keep only segment inputs
+    Every,      // a segment boundary every K stages
+    Selective,  // inside each stage, keep matmul outputs and recompute the cheap ops
+  };
+  Kind kind = Kind::None;
+  std::int64_t every = 0;  // K, for Kind::Every
+
+  bool operator==(const CheckpointSchedule&) const = default;
+};
+
+inline std::string_view name_of(Precision p) {
+  switch (p) {
+    case Precision::Fp32:
+      return "fp32";
+    case Precision::Bf16:
+      return "bf16";
+    case Precision::Fp16:
+      return "fp16";
+  }
+  return "?";
+}
+inline std::string_view name_of(Device d) { return d == Device::Cpu ? "cpu" : "cuda"; }
+inline std::string name_of(const CheckpointSchedule& s) {
+  switch (s.kind) {
+    case CheckpointSchedule::Kind::None:
+      return "none";
+    case CheckpointSchedule::Kind::Sqrt:
+      return "sqrt";
+    case CheckpointSchedule::Kind::Every:
+      return "every:" + std::to_string(s.every);
+    case CheckpointSchedule::Kind::Selective:
+      return "selective";
+  }
+  return "?";
+}
+
+inline Precision parse_precision(std::string_view text) {
+  if (text == "fp32") return Precision::Fp32;
+  if (text == "bf16") return Precision::Bf16;
+  if (text == "fp16") return Precision::Fp16;
+  throw trainmem::Error(trainmem::detail::concat("--precision: '", text, "' is not one of fp32, bf16, fp16"));
+}
+
+inline Device parse_device(std::string_view text) {
+  if (text == "cpu") return Device::Cpu;
+  if (text == "cuda") return Device::Cuda;
+  throw trainmem::Error(trainmem::detail::concat("--device: '", text, "' is not one of cpu, cuda"));
+}
+
+/// "none", "sqrt", "selective" or "every:K" with K a positive integer.
+inline CheckpointSchedule parse_checkpoint(std::string_view text) {
+  using Kind = CheckpointSchedule::Kind;
+  if (text == "none") return {Kind::None, 0};
+  if (text == "sqrt") return {Kind::Sqrt, 0};
+  if (text == "selective") return {Kind::Selective, 0};
+  constexpr std::string_view kEvery = "every:";
+  if (text.substr(0, kEvery.size()) == kEvery) {
+    const std::string digits(text.substr(kEvery.size()));
+    std::size_t used = 0;
+    long long k = 0;
+    try {
+      k = std::stoll(digits, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    trainmem::detail::check(!digits.empty() && used == digits.size() && k > 0, "--checkpoint: '", text,
+                            "' needs a positive whole number of stages after 'every:', e.g. every:2");
+    return {Kind::Every, static_cast<std::int64_t>(k)};
+  }
+  throw trainmem::Error(
+      trainmem::detail::concat("--checkpoint: '", text, "' is not one of none, sqrt, every:K, selective"));
+}
+
+/// \brief Precision, checkpoint schedule and device of one training run.
+struct MemorySettings {
+  Precision precision = Precision::Fp32;
+  CheckpointSchedule checkpoint;
+  Device device = Device::Cpu;
+
+  /// The same model's plain step: FP32, every activation kept (the memory baseline).
+  MemorySettings plain() const { return {Precision::Fp32, {}, device}; }
+  std::string str() const {
+    return std::string(name_of(precision)) + ", checkpoint " + name_of(checkpoint) + ", " +
+           std::string(name_of(device));
+  }
+};
+
+/// Throws unless the examples can run `s`. The library's checkpoint regions and AMP
+/// helpers (amp::Autocast, GradScaler, MasterWeights) are not wired into the examples
+/// yet, and neither is the CUDA backend: those settings are refused, not ignored.
+inline void require_available(const MemorySettings& s) {
+  trainmem::detail::check(s.precision == Precision::Fp32, "--precision ", name_of(s.precision),
+                          ": mixed precision is not wired into this example yet; only --precision fp32 runs");
+  trainmem::detail::check(s.checkpoint.kind == CheckpointSchedule::Kind::None, "--checkpoint ", name_of(s.checkpoint),
+                          ": activation checkpointing is not wired into this example yet; only --checkpoint none runs");
+  trainmem::detail::check(s.device == Device::Cpu, "--device ", name_of(s.device),
+                          ": this example runs on the CPU backend only so far; use --device cpu");
+}
+
+}  // namespace examples

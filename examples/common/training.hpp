@@ -1,0 +1,125 @@
+// examples/common/training.hpp — one training step, with the two places memory settings enter.
+//
+// A model is a list of stages (embedding, blocks or layers, head), each a function
+// Var -> Var. Two seams decide what a step costs in memory, and each lives in one
+// place here:
+//  - `run_stages` runs the stages under a checkpoint schedule (which activations are
+//    kept and which are recomputed in backward);
+//  - `PrecisionRunner` wraps the forward (autocast) and the backward plus optimizer
+//    step (loss scaling, FP32 master weights).
+// `train_step` marks the phases of a step (forward, backward, optimizer) on the
+// backend's MemoryStats, so a recorded timeline shows where the bytes go.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "common/settings.hpp"
+#include "trainmem/trainmem.hpp"
+
+namespace examples {
+
+template <class B>
+using Stage = std::function<trainmem::Var<B>(const trainmem::Var<B>&)>;
+
+/// Runs `stages` on `x` in order under `schedule`: the one place checkpoint schedules plug in.
+template <class B>
+trainmem::Var<B> run_stages(const std::vector<Stage<B>>& stages, trainmem::Var<B> x,
+                            const CheckpointSchedule& schedule) {
+  trainmem::detail::check(schedule.kind == CheckpointSchedule::Kind::None, "run_stages: checkpoint schedule ",
+                          name_of(schedule), " is not available yet");
+  for (const auto& stage : stages) x = stage(x);
+  return x;
+}
+
+/// \brief What a step did: its loss and whether the optimizer stepped.
+struct StepOutcome {
+  double loss = 0.0;
+  bool stepped = true;
+};
+
+/// \brief The precision a model trains in: the one place autocast, loss scaling and
+/// FP32 master weights plug in.
+template <class B>
+class PrecisionRunner {
+ public:
+  PrecisionRunner(Precision precision, trainmem::optim::Optimizer<B>& optimizer)
+      : precision_(precision), optimizer_(&optimizer) {
+    trainmem::detail::check(precision == Precision::Fp32, "PrecisionRunner: ", name_of(precision),
+                            " is not available yet");
+  }
+
+  /// The dtype model parameters are stored in.
+  static trainmem::DType parameter_dtype(Precision) { return trainmem::DType::F32; }
+
+  /// Runs `forward` (which returns the loss) in this precision.
+  template <class Forward>
+  trainmem::Var<B> forward(Forward&& forward) {
+    return std::forward<Forward>(forward)();
+  }
+
+  /// Backward from `loss`, then one optimizer step and zeroed gradients.
+  bool backward_and_step(const trainmem::Var<B>& loss, trainmem::MemoryStats& stats) {
+    loss.backward();
+    stats.mark("optimizer");
+    optimizer_->step();
+    optimizer_->zero_grad();
+    return true;
+  }
+
+  /// What the progress line shows about precision (the loss scale and skipped steps under FP16).
+  std::string status() const { return {}; }
+
+ private:
+  Precision precision_;
+  trainmem::optim::Optimizer<B>* optimizer_;
+};
+
+/// One training step: the model's input, its stages, `loss_of(output)`, backward, optimizer step.
+/// A Model has `Var<B> embed(Tape<B>&, const Tensor<B>& input) const` (the input as the
+/// first stage sees it) and `std::vector<Stage<B>> stages(bool training) const`.
+template <class B, class Model, class LossOf>
+StepOutcome train_step(trainmem::Tape<B>& tape, const Model& model, const std::vector<Stage<B>>& stages,
+                       const trainmem::Tensor<B>& input, LossOf&& loss_of, const CheckpointSchedule& schedule,
+                       PrecisionRunner<B>& precision) {
+  trainmem::MemoryStats& stats = tape.backend().memory();
+  stats.mark("forward");
+  StepOutcome outcome;
+  {
+    trainmem::Var<B> loss =
+        precision.forward([&] { return loss_of(run_stages(stages, model.embed(tape, input), schedule)); });
+    outcome.loss = loss.value().template to_host<double>()[0];
+    stats.mark("backward");
+    outcome.stepped = precision.backward_and_step(loss, stats);
+  }
+  tape.clear();
+  stats.mark("end");
+  return outcome;
+}
+
+/// Evaluation: forward only, nothing recorded; `stages` should be built with training = false.
+template <class B, class Model>
+trainmem::Tensor<B> infer(trainmem::Tape<B>& tape, const Model& model, const std::vector<Stage<B>>& stages,
+                          const trainmem::Tensor<B>& input) {
+  trainmem::NoGradGuard no_grad;
+  trainmem::Tensor<B> out = run_stages(stages, model.embed(tape, input), CheckpointSchedule{}).value();
+  tape.clear();
+  return out;
+}
+
+/// Learning rate at `step` of `total`: linear warm-up over the first 3% of steps, then a
+/// cosine decay to zero (ends training at a low rate, which is worth a point of accuracy
+/// over a constant rate in a run of a few epochs).
+inline double learning_rate(double peak, std::int64_t step, std::int64_t total) {
+  const std::int64_t warmup = std::max<std::int64_t>(1, total * 3 / 100);
+  if (step < warmup) return peak * static_cast<double>(step + 1) / static_cast<double>(warmup);
+  const double progress =
+      static_cast<double>(step - warmup) / static_cast<double>(std::max<std::int64_t>(1, total - warmup));
+  return peak * 0.5 * (1.0 + std::cos(3.141592653589793 * progress));
+}
+
+}  // namespace examples

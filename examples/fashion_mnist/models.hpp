@@ -1,0 +1,174 @@
+// examples/fashion_mnist/models.hpp — the two Fashion-MNIST classifiers, as lists of stages.
+//
+// Each model turns normalised 28x28 images into its own input tensor and exposes its
+// forward pass as stages (see common/training.hpp), so a checkpoint schedule can cut
+// the pass at stage boundaries without the model knowing:
+//  - MlpClassifier: 784 -> hidden layers (Linear + ReLU, one stage each) -> 10.
+//  - VitClassifier: the image as 16 patches of 7x7 pixels -> linear patch embedding
+//    plus a learned position embedding -> pre-LN transformer blocks (one stage each)
+//    -> final LayerNorm, mean over the 16 tokens, linear head.
+//    nn::TransformerBlock's attention is causal: patch i attends to patches 0..i only.
+//    The mean over all tokens still lets the head see the whole image, but a
+//    bidirectional block would be the usual ViT.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/training.hpp"
+#include "trainmem/trainmem.hpp"
+
+namespace examples {
+
+namespace tm = trainmem;
+
+inline constexpr std::int64_t kImageSide = 28, kPixels = kImageSide * kImageSide, kClasses = 10;
+
+/// \brief 784 -> hidden... -> 10 with ReLU between.
+template <class B>
+class MlpClassifier {
+ public:
+  MlpClassifier(const std::vector<std::int64_t>& hidden, std::uint64_t seed, tm::DType dtype) {
+    tm::nn::Init init(seed);
+    std::int64_t in = kPixels;
+    for (std::size_t i = 0; i < hidden.size(); ++i) {
+      layers_.push_back(
+          std::make_unique<tm::nn::Linear<B>>(in, hidden[i], init, true, dtype, "fc" + std::to_string(i + 1)));
+      in = hidden[i];
+    }
+    layers_.push_back(std::make_unique<tm::nn::Linear<B>>(in, kClasses, init, true, dtype, "head"));
+  }
+
+  /// Images [n, 784] as they are.
+  tm::Tensor<B> input(const std::vector<float>& images, std::int64_t n) const {
+    return tm::Tensor<B>::from_host(tm::Shape{n, kPixels}, images);
+  }
+
+  /// The input as the first stage sees it: a constant on the tape.
+  tm::Var<B> embed(tm::Tape<B>& tape, const tm::Tensor<B>& input) const { return tape.input(input); }
+
+  /// One stage per hidden layer (Linear + ReLU), then the head.
+  std::vector<Stage<B>> stages(bool /*training*/) const {
+    std::vector<Stage<B>> s;
+    for (std::size_t i = 0; i + 1 < layers_.size(); ++i) {
+      const tm::nn::Linear<B>* layer = layers_[i].get();
+      s.push_back([layer](const tm::Var<B>& x) { return tm::relu((*layer)(x)); });
+    }
+    const tm::nn::Linear<B>* head = layers_.back().get();
+    s.push_back([head](const tm::Var<B>& x) { return (*head)(x); });
+    return s;
+  }
+
+  std::vector<tm::Var<B>> parameters() const {
+    std::vector<tm::Var<B>> p;
+    for (const auto& l : layers_)
+      for (auto& v : l->parameters()) p.push_back(v);
+    return p;
+  }
+
+  std::string describe() const {
+    std::string text = "mlp 784";
+    for (std::size_t i = 0; i + 1 < layers_.size(); ++i) text += "-" + std::to_string(layers_[i]->weight().shape()[0]);
+    return text + "-10";
+  }
+
+ private:
+  std::vector<std::unique_ptr<tm::nn::Linear<B>>> layers_;
+};
+
+/// \brief Shape of the small vision transformer.
+struct VitConfig {
+  std::int64_t dim = 64;
+  std::int64_t depth = 4;
+  std::int64_t heads = 4;
+  std::int64_t mlp_hidden = 128;
+};
+
+/// \brief A small vision transformer over 7x7 patches.
+template <class B>
+class VitClassifier {
+ public:
+  static constexpr std::int64_t kPatch = 7, kGrid = kImageSide / kPatch, kTokens = kGrid * kGrid,
+                                kPatchPixels = kPatch * kPatch;
+
+  VitClassifier(const VitConfig& config, std::uint64_t seed, tm::DType dtype) : config_(config) {
+    tm::nn::Init init(seed);
+    patch_embed_ = std::make_unique<tm::nn::Linear<B>>(kPatchPixels, config.dim, init, true, dtype, "patch_embed");
+    // Learned position embedding, one row of dim per token, flattened so that it adds
+    // to [n, tokens * dim] as a row broadcast. N(0, 0.02) as in GPT-2 and ViT.
+    position_ = init.parameter<B>(tm::Shape{kTokens * config.dim}, init.normal(kTokens * config.dim, 0.0, 0.02), dtype,
+                                  "position");
+    for (std::int64_t i = 0; i < config.depth; ++i)
+      blocks_.push_back(std::make_unique<tm::nn::TransformerBlock<B>>(config.dim, config.heads, config.mlp_hidden, init,
+                                                                      0.0f, dtype, "block" + std::to_string(i)));
+    final_ln_ = std::make_unique<tm::nn::LayerNorm<B>>(config.dim, 1e-5, dtype, "ln_f");
+    head_ = std::make_unique<tm::nn::Linear<B>>(config.dim, kClasses, init, true, dtype, "head");
+  }
+
+  /// Images [n, 28, 28] -> patches [n, 16, 49]: patch (r, c) holds rows 7r..7r+6, columns 7c..7c+6.
+  tm::Tensor<B> input(const std::vector<float>& images, std::int64_t n) const {
+    std::vector<float> patches(images.size());
+    for (std::int64_t i = 0; i < n; ++i)
+      for (std::int64_t y = 0; y < kImageSide; ++y)
+        for (std::int64_t x = 0; x < kImageSide; ++x) {
+          const std::int64_t token = (y / kPatch) * kGrid + x / kPatch, within = (y % kPatch) * kPatch + x % kPatch;
+          patches[(i * kTokens + token) * kPatchPixels + within] = images[i * kPixels + y * kImageSide + x];
+        }
+    return tm::Tensor<B>::from_host(tm::Shape{n, kTokens, kPatchPixels}, patches);
+  }
+
+  /// The input as the first stage sees it: a constant on the tape.
+  tm::Var<B> embed(tm::Tape<B>& tape, const tm::Tensor<B>& input) const { return tape.input(input); }
+
+  /// Embedding, one stage per transformer block, then norm + pool + head.
+  std::vector<Stage<B>> stages(bool training) const {
+    std::vector<Stage<B>> s;
+    s.push_back([this](const tm::Var<B>& patches) {
+      const std::int64_t n = patches.shape()[0], d = config_.dim;
+      auto tokens = tm::reshape((*patch_embed_)(patches), tm::Shape{n, kTokens * d});
+      return tm::reshape(tm::add(tokens, position_), tm::Shape{n, kTokens, d});
+    });
+    for (const auto& block : blocks_) {
+      const tm::nn::TransformerBlock<B>* b = block.get();
+      s.push_back([b, training](const tm::Var<B>& x) { return (*b)(x, training); });
+    }
+    s.push_back([this](const tm::Var<B>& x) { return (*head_)(mean_over_tokens((*final_ln_)(x))); });
+    return s;
+  }
+
+  std::vector<tm::Var<B>> parameters() const {
+    std::vector<tm::Var<B>> p = patch_embed_->parameters();
+    p.push_back(position_);
+    for (const auto& b : blocks_)
+      for (auto& v : b->parameters()) p.push_back(v);
+    for (auto& v : final_ln_->parameters()) p.push_back(v);
+    for (auto& v : head_->parameters()) p.push_back(v);
+    return p;
+  }
+
+  std::string describe() const {
+    return "vit 16 patches of 7x7, dim " + std::to_string(config_.dim) + ", " + std::to_string(config_.depth) +
+           " blocks, " + std::to_string(config_.heads) + " heads, mlp " + std::to_string(config_.mlp_hidden);
+  }
+
+ private:
+  /// x [n, T, d] -> [n, d]: swap to [n, d, T] and multiply by a column of 1/T.
+  static tm::Var<B> mean_over_tokens(const tm::Var<B>& x) {
+    const std::int64_t n = x.shape()[0], t = x.shape()[1], d = x.shape()[2];
+    auto columns = tm::reshape(tm::transpose(x), tm::Shape{n * d, t});
+    auto weights = x.tape()->input(tm::Tensor<B>::from_host(
+        tm::Shape{t, 1}, std::vector<float>(static_cast<std::size_t>(t), 1.0f / static_cast<float>(t))));
+    return tm::reshape(tm::matmul(columns, weights), tm::Shape{n, d});
+  }
+
+  VitConfig config_;
+  std::unique_ptr<tm::nn::Linear<B>> patch_embed_;
+  std::unique_ptr<tm::nn::LayerNorm<B>> final_ln_;
+  tm::Var<B> position_;
+  std::vector<std::unique_ptr<tm::nn::TransformerBlock<B>>> blocks_;
+  std::unique_ptr<tm::nn::Linear<B>> head_;
+};
+
+}  // namespace examples

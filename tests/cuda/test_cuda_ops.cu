@@ -1,0 +1,268 @@
+// tests/cuda/test_cuda_ops.cu — every op, forward and backward, on cuda::Backend against an FP64 reference.
+//
+// Each case builds the same graph through the public ops on both backends: the
+// reference is cpu::Backend in F64 on inputs (and the upstream gradient) already
+// rounded to the dtype under test; the candidate is cuda::Backend in that dtype. The
+// output and every input gradient must agree within the dtype's relative-error budget
+// (tolerance() in cuda_test_support.cuh). F64 on the GPU checks the formulas to 1e-12.
+// The transformer block is compared GPU against CPU in the same dtype (both round
+// their weights the same way), which is what a user switching backends sees.
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cuda_test_support.cuh"
+
+namespace {
+
+namespace tmem = trainmem;
+using namespace trainmem::cuda_testing;
+using tmem::DType;
+using tmem::Shape;
+
+struct InputSpec {
+  Shape shape;
+  std::vector<double> values;
+  bool requires_grad = true;
+};
+
+/// Upstream gradient: uniform in [-1, 1) at position i of a per-case stream.
+std::vector<double> upstream(std::uint64_t salt, std::int64_t n, DType dtype) {
+  std::vector<double> out(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i)
+    out[i] = 2.0 * tmem::detail::random_uniform(tmem::RngState{salt, 0}, static_cast<std::uint64_t>(i)) - 1.0;
+  return rounded_to(out, dtype);
+}
+
+/// Runs build(tape, vars) on `backend` with the inputs in `dtype`; returns the output and
+/// the gradient of every input that requires one (upstream gradient from `salt`).
+template <class B, class Build>
+std::vector<std::vector<double>> run_graph(B& backend, DType dtype, const std::vector<InputSpec>& inputs,
+                                           DType seed_dtype, std::uint64_t salt, Build& build) {
+  tmem::Tape<B> tape(backend);
+  std::vector<tmem::Var<B>> vars;
+  for (const auto& in : inputs)
+    vars.push_back(tape.input(tmem::Tensor<B>::from_host(in.shape, in.values, dtype, tmem::MemCategory::Temporary, backend),
+                              in.requires_grad));
+  tmem::Var<B> out = build(tape, vars);
+  std::vector<std::vector<double>> results{out.value().template to_host<double>()};
+  const auto seed_values = upstream(salt, out.numel(), seed_dtype);
+  tape.backward(out, tmem::Tensor<B>::from_host(out.shape(), seed_values, out.dtype(), tmem::MemCategory::Temporary, backend));
+  for (const auto& v : vars)
+    if (v.requires_grad()) results.push_back(v.grad().template to_host<double>());
+  return results;
+}
+
+/// Compares the op on the GPU in each dtype against the CPU in F64.
+template <class Build>
+void check_op(const std::string& name, const std::vector<InputSpec>& inputs, Build build,
+              std::vector<DType> dtypes = {DType::F64, DType::F32, DType::BF16, DType::F16}, double tolerance_scale = 1.0) {
+  Inputs random;
+  INFO("seed " << random.seed());
+  const std::uint64_t salt = random.seed();
+  INFO("op " << name << ", seed " << salt);
+  for (DType dtype : dtypes) {
+    INFO("dtype " << dtype_name(dtype));
+    std::vector<InputSpec> rounded = inputs;
+    for (auto& in : rounded)
+      if (in.requires_grad) in.values = rounded_to(in.values, dtype);
+    poison_pool(Gpu::default_instance());
+    const auto reference = run_graph(Cpu::default_instance(), DType::F64, rounded, dtype, salt, build);
+    const auto candidate = run_graph(Gpu::default_instance(), dtype, rounded, dtype, salt, build);
+    REQUIRE(candidate.size() == reference.size());
+    for (std::size_t i = 0; i < reference.size(); ++i) {
+      INFO((i == 0 ? std::string("output") : "gradient of input " + std::to_string(i - 1)));
+      const double error = relative_error(candidate[i], reference[i]);
+      CHECK(error <= tolerance(dtype) * tolerance_scale);
+    }
+  }
+}
+
+InputSpec input(Inputs& random, Shape shape, double low = -1.0, double high = 1.0) {
+  const auto n = shape.numel();
+  return {std::move(shape), random.uniform(n, low, high), true};
+}
+
+}  // namespace
+
+TEST_CASE("cuda ops: add, sub and mul with full, row and scalar broadcast", "[cuda][ops]") {
+  TRAINMEM_REQUIRE_CUDA_DEVICE();
+  Inputs random;
+  INFO("seed " << random.seed());
+  for (Shape b_shape : {Shape{5, 67}, Shape{67}, Shape{1}}) {
+    const std::vector<InputSpec> in{input(random, Shape{5, 67}), input(random, b_shape)};
+    check_op("add " + b_shape.str(), in, [](auto&, auto& v) { return tmem::add(v[0], v[1]); });
+    check_op("sub " + b_shape.str(), in, [](auto&, auto& v) { return tmem::sub(v[0], v[1]); });
+    check_op("mul " + b_shape.str(), in, [](auto&, auto& v) { return tmem::mul(v[0], v[1]); });
+  }
+  // A row length that is a multiple of every pack width takes the vectorised path.
+  const std::vector<InputSpec> packed{input(random, Shape{33, 64}), input(random, Shape{64})};
+  check_op("add packed row", packed, [](auto&, auto& v) { return tmem::add(v[0], v[1]); });
+  check_op("scale", {input(random, Shape{1001})}, [](auto&, auto& v) { return tmem::scale(v[0], -0.37); });
+}
+
+TEST_CASE("cuda ops: activations", "[cuda][ops]") {
+  TRAINMEM_REQUIRE_CUDA_DEVICE();
+  Inputs random;
+  INFO("seed " << random.seed());
+  const std::vector<InputSpec> x{input(random, Shape{7, 129}, -3.0, 3.0)};
+  check_op("relu", x, [](auto&, auto& v) { return tmem::relu(v[0]); });
+  check_op("gelu_tanh", x, [](auto&, auto& v) { return tmem::gelu(v[0], tmem::GeluApproximation::Tanh); });
+  check_op("gelu_erf", x, [](auto&, auto& v) { return tmem::gelu(v[0], tmem::GeluApproximation::Erf); });
+  check_op("sigmoid", x, [](auto&, auto& v) { return tmem::sigmoid(v[0]); });
+  check_op("tanh", x, [](auto&, auto& v) { return tmem::tanh(v[0]); });
+  check_op("exp", x, [](auto&, auto& v) { return tmem::exp(v[0]); });
+  check_op("log", {input(random, Shape{7, 129}, 0.1, 3.0)}, [](auto&, auto& v) { return tmem::log(v[0]); });
+}
+
+TEST_CASE("cuda ops: matmul, bmm and linear, all transposes", "[cuda][ops][gemm]") {
+  TRAINMEM_REQUIRE_CUDA_DEVICE();
+  Inputs random;
+  INFO("seed " << random.seed());
+  const std::int64_t m = 19, n = 24, k = 40, batch = 3;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      const std::string flags = std::string(ta ? "T" : "N") + (tb ? "T" : "N");
+      check_op("matmul " + flags, {input(random, ta ? Shape{k, m} : Shape{m, k}), input(random, tb ? Shape{n, k} : Shape{k, n})},
+               [ta, tb](auto&, auto& v) { return tmem::matmul(v[0], v[1], ta, tb); });
+      check_op("bmm " + flags,
+               {input(random, ta ? Shape{batch, k, m} : Shape{batch, m, k}),
+                input(random, tb ? Shape{batch, n, k} : Shape{batch, k, n})},
+               [ta, tb](auto&, auto& v) { return tmem::bmm(v[0], v[1], ta, tb); });
+    }
+  check_op("linear", {input(random, Shape{2, 9, k}), input(random, Shape{n, k}), input(random, Shape{n})},
+           [](auto&, auto& v) { return tmem::linear(v[0], v[1], v[2]); });
+  check_op("linear without bias", {input(random, Shape{9, k}), input(random, Shape{n, k})},
+           [](auto&, auto& v) { return tmem::linear(v[0], v[1]); });
+}
+
+TEST_CASE("cuda ops: softmax and log_softmax, short and long rows", "[cuda][ops]") {
+  TRAINMEM_REQUIRE_CUDA_DEVICE();
+  Inputs random;
+  INFO("seed " << random.seed());
+  for (std::int64_t cols : {7, 37, 1000, 3000}) {
+    const std::vector<InputSpec> x{input(random, Shape{6, cols}, -4.0, 4.0)};
+    check_op("softmax cols=" + std::to_string(cols), x, [](auto&, auto& v) { return tmem::softmax(v[0]); });
+    check_op("log_softmax cols=" + std::to_string(cols), x, [](auto&, auto& v) { return tmem::log_softmax(v[0]); });
+  }
+}
+
+TEST_CASE("cuda ops: layer_norm forward and backward", "[cuda][ops]") {
+  TRAINMEM_REQUIRE_CUDA_DEVICE();
+  Inputs random;
+  INFO("seed " << random.seed());
+  for (std::int64_t d : {5, 96, 1030}) {
+    check_op("layer_norm d=" + std::to_string(d),
+             {input(random, Shape{3, 11, d}, -2.0, 3.0), input(random, Shape{d}, 0.5, 1.5), input(random, Shape{d})},
+             [](auto&, auto& v) { return tmem::layer_norm(v[0], v[1], v[2], 1e-5); });
+  }
+}
+
+TEST_CASE("cuda ops: cross_entropy forward, backward and label check", "[cuda][ops]") {
+  TRAINMEM_REQUIRE_CUDA_DEVICE();
+  Inputs random;
+  INFO("seed " << random.seed());
+  const std::int64_t rows = 23, classes = 517;
+  const auto labels = random.integers(rows, 0, classes - 1);
+  check_op("cross_entropy", {input(random, Shape{rows, classes}, -3.0, 3.0)}, [&labels](auto& tape, auto& v) {
+    using B = std::remove_reference_t<decltype(tape.backend())>;
+    auto t = tmem::Tensor<B>::from_host(Shape{rows}, labels, DType::I32, tmem::MemCategory::Temporary, tape.backend());
+    return tmem::cross_entropy(v[0], t);
+  });
+
+  auto& gpu = Gpu::default_instance();
+  tmem::Tape<Gpu> tape(gpu);
+  auto logits = tape.input(tmem::Tensor<Gpu>::from_host(Shape{3, 5}, random.uniform(15), DType::F32), true);
+  auto bad = tmem::Tensor<Gpu>::from_host(Shape{3}, std::vector<double>{1, 7, 2}, DType::I32);
+  REQUIRE_THROWS_WITH(tmem::cross_entropy(logits, bad), Catch::Contains("label 7 at row 1 is outside [0, 5)"));
+  // The backend is usable after the error.
+  auto good = tmem::Tensor<Gpu>::from_host(Shape{3}, std::vector<double>{1, 4, 0}, DType::I32);
+  CHECK(std::isfinite(tmem::cross_entropy(logits, good).value().to_host<double>()[0]));
+}
+
+TEST_CASE("cuda ops: transpose, head split and merge, causal mask", "[cuda][ops]") {
+  TRAINMEM_REQUIRE_CUDA_DEVICE();
+  Inputs random;
+  INFO("seed " << random.seed());
+  check_op("transpose", {input(random, Shape{3, 17, 29})}, [](auto&, auto& v) { return tmem::transpose(v[0]); });
+  check_op("split_heads", {input(random, Shape{2, 13, 4 * 24})}, [](auto&, auto& v) { return tmem::split_heads(v[0], 4); });
+  check_op("merge_heads", {input(random, Shape{8, 13, 24})}, [](auto&, auto& v) { return tmem::merge_heads(v[0], 4); });
+  // The mask's -inf must survive into softmax as zero probability.
+  check_op("causal_mask then softmax", {input(random, Shape{5, 19, 19})},
+           [](auto&, auto& v) { return tmem::softmax(tmem::causal_mask(v[0])); });
+}
+
+TEST_CASE("cuda ops: sum, mean and embedding", "[cuda][ops]") {
+  TRAINMEM_REQUIRE_CUDA_DEVICE();
+  Inputs random;
+  INFO("seed " << random.seed());
+  check_op("sum", {input(random, Shape{300, 77})}, [](auto&, auto& v) { return tmem::sum(v[0]); });
+  check_op("mean", {input(random, Shape{300, 77})}, [](auto&, auto& v) { return tmem::mean(v[0]); });
+  const std::int64_t vocab = 50, dim = 33;
+  const auto ids = random.integers(4 * 9, 0, 9);  // ids drawn from a few rows, so most repeat
+  check_op("embedding", {input(random, Shape{vocab, dim})}, [&ids](auto& tape, auto& v) {
+    using B = std::remove_reference_t<decltype(tape.backend())>;
+    auto t = tmem::Tensor<B>::from_host(Shape{4, 9}, ids, DType::I32, tmem::MemCategory::Temporary, tape.backend());
+    return tmem::embedding(v[0], tape.input(t));
+  });
+}
+
+namespace {
+
+/// Forward and backward of a two-block transformer stack on backend B; returns the output
+/// and the gradients of the input and of every parameter.
+template <class B>
+std::vector<std::vector<double>> transformer_step(DType dtype, const std::vector<double>& x_values,
+                                                  const std::vector<double>& seed, bool autocast) {
+  const std::int64_t batch = 2, t = 16, dim = 64, heads = 4, hidden = 256;
+  tmem::nn::Init init(1234);
+  const DType param_dtype = autocast ? DType::F32 : dtype;
+  std::vector<tmem::nn::TransformerBlock<B>> blocks;
+  for (int i = 0; i < 2; ++i)
+    blocks.emplace_back(dim, heads, hidden, init, 0.0f, param_dtype, "block" + std::to_string(i));
+  tmem::Tape<B> tape;
+  auto x = tape.input(tmem::Tensor<B>::from_host(Shape{batch, t, dim}, x_values, param_dtype), true);
+  std::vector<std::vector<double>> results;
+  {
+    std::optional<tmem::amp::Autocast> guard;
+    if (autocast) guard.emplace(dtype);
+    auto h = x;
+    for (auto& block : blocks) h = block(h);
+    results.push_back(h.value().template to_host<double>());
+    tape.backward(h, tmem::Tensor<B>::from_host(h.shape(), seed, h.dtype()));
+  }
+  results.push_back(x.grad().template to_host<double>());
+  for (auto& block : blocks)
+    for (auto& p : block.parameters()) results.push_back(p.grad().template to_host<double>());
+  return results;
+}
+
+}  // namespace
+
+TEST_CASE("cuda ops: a transformer block stack matches the CPU backend", "[cuda][ops][nn]") {
+  TRAINMEM_REQUIRE_CUDA_DEVICE();
+  Inputs random;
+  INFO("seed " << random.seed());
+  const auto x = random.uniform(2 * 16 * 64);
+  const auto seed = random.uniform(2 * 16 * 64);
+  struct Case {
+    DType dtype;
+    bool autocast;
+    double tolerance;
+  };
+  // 16-bit cases: both backends round the same weights; what differs is accumulation
+  // order and the rounding of each stored activation, a few 16-bit ulps through 2 blocks.
+  for (const Case c : {Case{DType::F64, false, 1e-10}, Case{DType::F32, false, 1e-4},
+                       Case{DType::BF16, true, 5e-2}, Case{DType::F16, true, 1e-2}}) {
+    INFO("dtype " << dtype_name(c.dtype) << (c.autocast ? " (autocast)" : ""));
+    const auto cpu = transformer_step<Cpu>(c.dtype, rounded_to(x, c.autocast ? DType::F32 : c.dtype),
+                                           rounded_to(seed, c.dtype), c.autocast);
+    const auto gpu = transformer_step<Gpu>(c.dtype, rounded_to(x, c.autocast ? DType::F32 : c.dtype),
+                                           rounded_to(seed, c.dtype), c.autocast);
+    REQUIRE(cpu.size() == gpu.size());
+    for (std::size_t i = 0; i < cpu.size(); ++i) {
+      INFO("result " << i << " (0: output, 1: input gradient, then parameter gradients)");
+      CHECK(relative_error(gpu[i], cpu[i]) <= c.tolerance);
+    }
+  }
+}
