@@ -6,6 +6,7 @@
 // checkpoint policies keep their outputs because they dominate recompute cost.
 #pragma once
 
+#include "trainmem/core/gemm_args.hpp"
 #include "trainmem/detail/op_helpers.hpp"
 
 namespace trainmem {
