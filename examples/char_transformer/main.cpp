@@ -140,15 +140,11 @@ class CharTransformer {
     ids.backend().download(out.data(), ids.data(), ids.bytes());
     return out;
   }
-  /// Rows `ids` of `table` [V, dim], as one-hot [ids, V] times the table: the same values
-  /// and gradients as the embedding op. The op itself cannot be used here yet:
-  /// embedding(table, ids) takes a parameter (on no tape) and a plain Tensor, so none of
-  /// its inputs is on a tape and it throws.
+  /// Rows `ids` of `table` [V, dim]: the embedding op on the ids brought onto the tape.
   static tm::Var<B> lookup(tm::Tape<B>& tape, const tm::Var<B>& table, const std::vector<std::int32_t>& ids) {
-    const std::int64_t rows = static_cast<std::int64_t>(ids.size()), v = table.shape()[0];
-    std::vector<float> one_hot(static_cast<std::size_t>(rows * v), 0.0f);
-    for (std::int64_t i = 0; i < rows; ++i) one_hot[static_cast<std::size_t>(i * v + ids[i])] = 1.0f;
-    return tm::matmul(tape.input(tm::Tensor<B>::from_host(tm::Shape{rows, v}, one_hot)), table);
+    std::vector<float> values(ids.begin(), ids.end());
+    const auto rows = static_cast<std::int64_t>(ids.size());
+    return tm::embedding(table, tape.input(tm::Tensor<B>::from_host(tm::Shape{rows}, values, tm::DType::I32)));
   }
 
   ModelConfig config_;
@@ -248,7 +244,7 @@ int main(int argc, char** argv) {
   std::int64_t steps = 600, batch = 16, log_every = 50, sample_chars = 400;
   double lr = 2e-3, weight_decay = 0.01, temperature = 0.7;
   std::uint64_t seed = 1;
-  std::string prompt = "The ", precision = "fp32", checkpoint = "none";
+  std::string prompt = "The ", precision = "fp32", checkpoint = "selective";
 
   CLI::App app{"Train a small character-level causal transformer on a text file and let it write."};
   app.option_defaults()->always_capture_default();

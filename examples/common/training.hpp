@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -30,9 +31,24 @@ using Stage = std::function<trainmem::Var<B>(const trainmem::Var<B>&)>;
 template <class B>
 trainmem::Var<B> run_stages(const std::vector<Stage<B>>& stages, trainmem::Var<B> x,
                             const CheckpointSchedule& schedule) {
-  trainmem::detail::check(schedule.kind == CheckpointSchedule::Kind::None, "run_stages: checkpoint schedule ",
-                          name_of(schedule), " is not available yet");
-  for (const auto& stage : stages) x = stage(x);
+  namespace tm = trainmem;
+  const auto n = static_cast<std::int64_t>(stages.size());
+  tm::Tape<B>& tape = *x.tape();
+  switch (schedule.kind) {
+    case CheckpointSchedule::Kind::None:
+      for (const auto& stage : stages) x = stage(x);
+      return x;
+    case CheckpointSchedule::Kind::Sqrt:  // ~sqrt(N) segments; the last is not checkpointed
+      return tm::checkpoint_sequential(tape, stages, tm::sqrt_segments(n), x);
+    case CheckpointSchedule::Kind::Every:  // a segment boundary every K stages
+      return tm::checkpoint_sequential(tape, stages, std::clamp<std::int64_t>(n / schedule.every, 1, n), x);
+    case CheckpointSchedule::Kind::Selective: {  // each stage a region that keeps its matmul outputs
+      tm::CheckpointOptions options;
+      options.policy = tm::policy::save_matmuls();
+      for (const auto& stage : stages) x = tm::checkpoint(tape, options, stage, x);
+      return x;
+    }
+  }
   return x;
 }
 
@@ -47,36 +63,62 @@ struct StepOutcome {
 template <class B>
 class PrecisionRunner {
  public:
+  /// FP32 trains as is. BF16 and FP16 turn the optimizer's parameters into 16-bit model
+  /// copies with FP32 masters the optimizer updates; FP16 also scales the loss dynamically.
   PrecisionRunner(Precision precision, trainmem::optim::Optimizer<B>& optimizer)
-      : precision_(precision), optimizer_(&optimizer) {
-    trainmem::detail::check(precision == Precision::Fp32, "PrecisionRunner: ", name_of(precision),
-                            " is not available yet");
+      : precision_(precision), optimizer_(&optimizer), scaler_(scaler_for(precision)) {
+    if (precision == Precision::Fp32) return;
+    std::vector<trainmem::Var<B>> params;
+    for (const auto& entry : optimizer.entries()) params.push_back(entry.param);
+    masters_.emplace(params, trainmem::amp::MasterWeightsOptions{compute_dtype()});
+    masters_->attach(optimizer);
   }
 
-  /// The dtype model parameters are stored in.
+  /// The dtype model parameters are created in (mixed precision converts them after).
   static trainmem::DType parameter_dtype(Precision) { return trainmem::DType::F32; }
 
   /// Runs `forward` (which returns the loss) in this precision.
   template <class Forward>
   trainmem::Var<B> forward(Forward&& forward) {
+    if (precision_ == Precision::Fp32) return std::forward<Forward>(forward)();
+    trainmem::amp::Autocast autocast(compute_dtype());
     return std::forward<Forward>(forward)();
   }
 
-  /// Backward from `loss`, then one optimizer step and zeroed gradients.
+  /// Backward from `loss` (scaled under FP16), then one optimizer step (skipped on an
+  /// overflow) and zeroed gradients. Returns whether the optimizer stepped.
   bool backward_and_step(const trainmem::Var<B>& loss, trainmem::MemoryStats& stats) {
-    loss.backward();
+    scaler_.scale(loss).backward();
     stats.mark("optimizer");
-    optimizer_->step();
+    const bool stepped = scaler_.step(*optimizer_);
+    scaler_.update();
     optimizer_->zero_grad();
-    return true;
+    if (!stepped) ++skipped_;
+    return stepped;
   }
 
-  /// What the progress line shows about precision (the loss scale and skipped steps under FP16).
-  std::string status() const { return {}; }
+  /// What the progress line shows about precision: the loss scale and skipped steps under FP16.
+  std::string status() const {
+    if (precision_ != Precision::Fp16) return {};
+    return "scale " + std::to_string(static_cast<long long>(scaler_.get_scale())) + ", skipped " +
+           std::to_string(skipped_);
+  }
 
  private:
+  trainmem::DType compute_dtype() const {
+    return precision_ == Precision::Fp16 ? trainmem::DType::F16 : trainmem::DType::BF16;
+  }
+  static trainmem::amp::GradScaler<B> scaler_for(Precision precision) {
+    trainmem::amp::GradScalerOptions options;
+    options.enabled = precision == Precision::Fp16;  // BF16 has FP32's range: no scaling
+    return trainmem::amp::GradScaler<B>(options);
+  }
+
   Precision precision_;
   trainmem::optim::Optimizer<B>* optimizer_;
+  trainmem::amp::GradScaler<B> scaler_;
+  std::optional<trainmem::amp::MasterWeights<B>> masters_;
+  std::int64_t skipped_ = 0;
 };
 
 /// One training step: the model's input, its stages, `loss_of(output)`, backward, optimizer step.
@@ -102,10 +144,14 @@ StepOutcome train_step(trainmem::Tape<B>& tape, const Model& model, const std::v
 }
 
 /// Evaluation: forward only, nothing recorded; `stages` should be built with training = false.
+/// With 16-bit model parameters (mixed precision) it runs under autocast to their dtype.
 template <class B, class Model>
 trainmem::Tensor<B> infer(trainmem::Tape<B>& tape, const Model& model, const std::vector<Stage<B>>& stages,
                           const trainmem::Tensor<B>& input) {
   trainmem::NoGradGuard no_grad;
+  const trainmem::DType stored = model.parameters().front().dtype();
+  trainmem::amp::Autocast autocast(trainmem::is_16bit(stored) ? stored : trainmem::DType::BF16,
+                                   trainmem::is_16bit(stored));
   trainmem::Tensor<B> out = run_stages(stages, model.embed(tape, input), CheckpointSchedule{}).value();
   tape.clear();
   return out;

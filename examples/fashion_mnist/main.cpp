@@ -56,7 +56,7 @@ struct Options {
   std::filesystem::path out = "out";
   std::int64_t train_limit = 0;  // 0: all 60000
   std::filesystem::path data_dir = examples::kFashionMnistDir;
-  std::vector<std::int64_t> mlp_hidden = {512, 256};
+  std::vector<std::int64_t> mlp_hidden = {512, 512, 256};
   examples::VitConfig vit;
   std::string augment;  // empty: the model's default
 };
@@ -335,7 +335,7 @@ int run(Options o, examples::FashionMnist data) {
 
 int main(int argc, char** argv) {
   Options o;
-  std::string precision = "fp32", checkpoint = "none", device = "cpu";
+  std::string precision = "bf16", checkpoint = "sqrt", device = "cpu";
 
   CLI::App app{"Train an MLP or a small vision transformer on Fashion-MNIST and report the memory of a training step."};
   app.option_defaults()->always_capture_default();

@@ -41,9 +41,10 @@ class MlpClassifier {
     layers_.push_back(std::make_unique<tm::nn::Linear<B>>(in, kClasses, init, true, dtype, "head"));
   }
 
-  /// Images [n, 784] as they are.
+  /// Images [n, 784], stored in the parameters' dtype: with 16-bit model weights the
+  /// batch is uploaded in 16 bits too, so the first layer keeps a 16-bit input for backward.
   tm::Tensor<B> input(const std::vector<float>& images, std::int64_t n) const {
-    return tm::Tensor<B>::from_host(tm::Shape{n, kPixels}, images);
+    return tm::Tensor<B>::from_host(tm::Shape{n, kPixels}, images, layers_.front()->weight().dtype());
   }
 
   /// The input as the first stage sees it: a constant on the tape.
