@@ -288,9 +288,12 @@ bool unscale_and_check(T* x, std::int64_t n, float inv_scale) {
   const bool scales = inv_scale != 1.0f;
 #pragma omp parallel for reduction(| : found) if (n > kParallelGrain)
   for (std::int64_t i = 0; i < n; ++i) {
-    const Acc v = static_cast<Acc>(trainmem::detail::widen(x[i]));
+    Acc v = static_cast<Acc>(trainmem::detail::widen(x[i]));
+    if (scales) {
+      x[i] = trainmem::detail::narrow<T>(v * static_cast<Acc>(inv_scale));
+      v = static_cast<Acc>(trainmem::detail::widen(x[i]));  // check what is stored: a scale < 1 can overflow it
+    }
     found |= std::isfinite(v) ? 0 : 1;
-    if (scales) x[i] = trainmem::detail::narrow<T>(v * static_cast<Acc>(inv_scale));
   }
   return found != 0;
 }
