@@ -2,7 +2,7 @@
 //
 // Every runtime and cuBLAS call goes through one of these macros, so a failure names
 // the file, the line and the call that failed, and is thrown (never printed, never
-// exit()). A kernel launch is checked right after it is queued; an error raised while
+// a process exit). A kernel launch is checked right after it is queued; an error raised while
 // the kernel runs surfaces at the next checked call, like any CUDA error.
 #pragma once
 
