@@ -6,10 +6,8 @@
 //  - MlpClassifier: 784 -> hidden layers (Linear + ReLU, one stage each) -> 10.
 //  - VitClassifier: the image as 16 patches of 7x7 pixels -> linear patch embedding
 //    plus a learned position embedding -> pre-LN transformer blocks (one stage each)
-//    -> final LayerNorm, mean over the 16 tokens, linear head.
-//    nn::TransformerBlock's attention is causal: patch i attends to patches 0..i only.
-//    The mean over all tokens still lets the head see the whole image, but a
-//    bidirectional block would be the usual ViT.
+//    -> final LayerNorm, mean over the 16 tokens, linear head. Attention is
+//    bidirectional (every patch attends to every patch), as in ViT.
 #pragma once
 
 #include <cstdint>
@@ -103,7 +101,8 @@ class VitClassifier {
                                   "position");
     for (std::int64_t i = 0; i < config.depth; ++i)
       blocks_.push_back(std::make_unique<tm::nn::TransformerBlock<B>>(config.dim, config.heads, config.mlp_hidden, init,
-                                                                      0.0f, dtype, "block" + std::to_string(i)));
+                                                                      0.0f, dtype, "block" + std::to_string(i),
+                                                                      tm::nn::Masking::Bidirectional));
     final_ln_ = std::make_unique<tm::nn::LayerNorm<B>>(config.dim, 1e-5, dtype, "ln_f");
     head_ = std::make_unique<tm::nn::Linear<B>>(config.dim, kClasses, init, true, dtype, "head");
   }

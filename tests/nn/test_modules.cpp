@@ -65,7 +65,7 @@ Matrix linear_ref(const Matrix& x, std::int64_t rows, std::int64_t in, const Mat
 
 /// The block's forward in plain F64 loops, from its weights by name.
 Matrix transformer_block_ref(const Matrix& x, std::int64_t batch, std::int64_t t, std::int64_t d, std::int64_t heads,
-                             std::int64_t hidden, const std::map<std::string, Matrix>& p) {
+                             std::int64_t hidden, const std::map<std::string, Matrix>& p, bool causal = true) {
   const std::int64_t rows = batch * t, dh = d / heads;
   auto at = [&](const std::string& name) -> const Matrix& { return p.at("block." + name); };
   const Matrix h1 = layer_norm_ref(x, rows, d, at("ln1.weight"), at("ln1.bias"));
@@ -76,16 +76,17 @@ Matrix transformer_block_ref(const Matrix& x, std::int64_t batch, std::int64_t t
   for (std::int64_t b = 0; b < batch; ++b)
     for (std::int64_t h = 0; h < heads; ++h)
       for (std::int64_t i = 0; i < t; ++i) {
-        std::vector<double> score(static_cast<std::size_t>(i + 1));
+        const std::int64_t keys = causal ? i + 1 : t;  // causal: up to and including the query's position
+        std::vector<double> score(static_cast<std::size_t>(keys));
         double max = -INFINITY, total = 0;
-        for (std::int64_t j = 0; j <= i; ++j) {  // keys up to and including the query's position
+        for (std::int64_t j = 0; j < keys; ++j) {
           double s = 0;
           for (std::int64_t e = 0; e < dh; ++e) s += q[(b * t + i) * d + h * dh + e] * k[(b * t + j) * d + h * dh + e];
           score[j] = s / std::sqrt(static_cast<double>(dh));
           max = std::max(max, score[j]);
         }
         for (auto& s : score) total += (s = std::exp(s - max));
-        for (std::int64_t j = 0; j <= i; ++j)
+        for (std::int64_t j = 0; j < keys; ++j)
           for (std::int64_t e = 0; e < dh; ++e)
             attended[(b * t + i) * d + h * dh + e] += score[j] / total * v[(b * t + j) * d + h * dh + e];
       }
@@ -175,9 +176,12 @@ TEST_CASE("nn::Embedding is N(0, stddev), nn::LayerNorm starts as ones and zeros
 }
 
 TEST_CASE("TransformerBlock: output shape and forward against a plain-loop reference", "[nn][transformer]") {
+  const auto masking = GENERATE(nn::Masking::Causal, nn::Masking::Bidirectional);
+  const bool causal = masking == nn::Masking::Causal;
+  INFO((causal ? "causal" : "bidirectional"));
   const std::int64_t batch = 2, t = 3, dim = 4, heads = 2, hidden = 8;
   nn::Init init(11);
-  const nn::TransformerBlock<B> block(dim, heads, hidden, init, 0.0f, DType::F64);
+  const nn::TransformerBlock<B> block(dim, heads, hidden, init, 0.0f, DType::F64, "block", masking);
   const auto params = block.parameters();
   CHECK(params.size() == 16);  // 2 layer norms x 2, 4 projections x 2, 2 MLP linears x 2
   std::map<std::string, std::vector<double>> by_name;
@@ -190,17 +194,21 @@ TEST_CASE("TransformerBlock: output shape and forward against a plain-loop refer
   CHECK(y.shape() == Shape{batch, t, dim});
   CHECK(y.dtype() == DType::F64);
   const auto got = y.value().to_host<double>();
-  const auto want = transformer_block_ref(xv, batch, t, dim, heads, hidden, by_name);
+  const auto want = transformer_block_ref(xv, batch, t, dim, heads, hidden, by_name, causal);
   for (std::size_t i = 0; i < got.size(); ++i) {
     INFO("element " << i);
     CHECK(got[i] == Approx(want[i]).epsilon(1e-12).margin(1e-12));
   }
 }
 
-TEST_CASE("TransformerBlock: causal — a later position never changes an earlier output", "[nn][transformer]") {
+TEST_CASE("TransformerBlock: causal — a later position changes no earlier output; bidirectional — every output",
+          "[nn][transformer]") {
+  const auto masking = GENERATE(nn::Masking::Causal, nn::Masking::Bidirectional);
+  const bool causal = masking == nn::Masking::Causal;
+  INFO((causal ? "causal" : "bidirectional"));
   const std::int64_t batch = 2, t = 5, dim = 8, heads = 2;
   nn::Init init(13);
-  const nn::TransformerBlock<B> block(dim, heads, 16, init, 0.0f, DType::F64);
+  const nn::TransformerBlock<B> block(dim, heads, 16, init, 0.0f, DType::F64, "block", masking);
   auto xv = testing::random_values(batch * t * dim, 14);
   auto run = [&](const std::vector<double>& x) {
     Tape<B> tape;
@@ -208,7 +216,8 @@ TEST_CASE("TransformerBlock: causal — a later position never changes an earlie
   };
   const auto before = run(xv);
   for (std::int64_t b = 0; b < batch; ++b)
-    for (std::int64_t e = 0; e < dim; ++e) xv[(b * t + t - 1) * dim + e] += 0.5;  // change the last position only
+    for (std::int64_t e = 0; e < dim; ++e)  // change the last position only, not by a constant (ln1 would remove it)
+      xv[(b * t + t - 1) * dim + e] += 0.1 * static_cast<double>(e + 1);
   const auto after = run(xv);
   std::int64_t earlier_changed = 0, last_changed = 0;
   for (std::int64_t b = 0; b < batch; ++b)
@@ -218,16 +227,17 @@ TEST_CASE("TransformerBlock: causal — a later position never changes an earlie
         const bool changed = std::abs(after[i] - before[i]) > 1e-14;
         (s < t - 1 ? earlier_changed : last_changed) += changed;
       }
-  CHECK(earlier_changed == 0);
+  CHECK(earlier_changed == (causal ? 0 : batch * (t - 1) * dim));
   CHECK(last_changed == batch * dim);
 }
 
 TEST_CASE("TransformerBlock: F64 gradient check of the whole block", "[nn][transformer][grad]") {
   const float p = GENERATE(0.0f, 0.2f);  // with dropout, every fresh tape draws the same masks
-  INFO("dropout " << p);
+  const auto masking = GENERATE(nn::Masking::Causal, nn::Masking::Bidirectional);
+  INFO("dropout " << p << (masking == nn::Masking::Causal ? ", causal" : ", bidirectional"));
   const std::int64_t batch = 2, t = 3, dim = 4, heads = 2, hidden = 8;
   nn::Init init(15);
-  const nn::TransformerBlock<B> block(dim, heads, hidden, init, p, DType::F64);
+  const nn::TransformerBlock<B> block(dim, heads, hidden, init, p, DType::F64, "block", masking);
   const T x = testing::random_tensor(Shape{batch, t, dim}, 16);
 
   check_ok(testing::check_gradients(

@@ -1,8 +1,9 @@
-// trainmem/nn/attention.hpp — causal multi-head self-attention and the pre-LN block.
+// trainmem/nn/attention.hpp — multi-head self-attention and the pre-LN block.
 //
 // Attention over x [batch, T, D]: q, k, v projections, heads split to [batch*H, T, Dh],
-// scores = q k^T / sqrt(Dh), causal mask, softmax, optional dropout, weighted sum of v,
-// heads merged, output projection. The block is pre-LN (GPT-2):
+// scores = q k^T / sqrt(Dh), the causal mask (language models; Masking::Bidirectional
+// leaves it out, for vision transformers), softmax, optional dropout, weighted sum of v,
+// heads merged, output projection. The block is pre-LN (GPT-2, ViT):
 //   x = x + attn(ln1(x));  x = x + mlp(ln2(x)).
 // The scores and probabilities are [batch*H, T, T] per block: the activations that
 // checkpointing saves the most on.
@@ -22,25 +23,33 @@
 
 namespace trainmem::nn {
 
+/// Whether a position attends to later positions too.
+enum class Masking {
+  Causal,         // position i sees positions 0..i (language models)
+  Bidirectional,  // every position sees every position (vision transformers)
+};
+
 template <class B>
-class CausalSelfAttention {
+class SelfAttention {
  public:
-  CausalSelfAttention(std::int64_t dim, std::int64_t heads, Init& init, float dropout = 0.0f, DType dtype = DType::F32,
-                      std::string name = "attn")
+  SelfAttention(std::int64_t dim, std::int64_t heads, Init& init, float dropout = 0.0f, DType dtype = DType::F32,
+                std::string name = "attn", Masking masking = Masking::Causal)
       : heads_(heads),
         dropout_(dropout),
+        masking_(masking),
         q_(dim, dim, init, true, dtype, name + ".q"),
         k_(dim, dim, init, true, dtype, name + ".k"),
         v_(dim, dim, init, true, dtype, name + ".v"),
         out_(dim, dim, init, true, dtype, name + ".out") {
-    detail::check(heads > 0 && dim % heads == 0, "nn::CausalSelfAttention: ", heads, " heads do not divide dim ", dim);
+    detail::check(heads > 0 && dim % heads == 0, "nn::SelfAttention: ", heads, " heads do not divide dim ", dim);
   }
 
   Var<B> operator()(const Var<B>& x, bool training = true) const {
-    detail::check(x.shape().rank() == 3, "CausalSelfAttention: x must be [batch, T, D], got ", x.shape());
+    detail::check(x.shape().rank() == 3, "nn::SelfAttention: x must be [batch, T, D], got ", x.shape());
     const double inv_sqrt_dh = 1.0 / std::sqrt(static_cast<double>(x.shape()[2] / heads_));
     auto q = split_heads(q_(x), heads_), k = split_heads(k_(x), heads_), v = split_heads(v_(x), heads_);
-    auto scores = causal_mask(scale(bmm(q, k, false, true), inv_sqrt_dh));
+    auto scores = scale(bmm(q, k, false, true), inv_sqrt_dh);
+    if (masking_ == Masking::Causal) scores = causal_mask(scores);
     auto probs = dropout(softmax(scores), dropout_, training);
     return out_(merge_heads(bmm(probs, v), heads_));
   }
@@ -54,6 +63,7 @@ class CausalSelfAttention {
  private:
   std::int64_t heads_;
   float dropout_;
+  Masking masking_;
   Linear<B> q_, k_, v_, out_;
 };
 
@@ -61,11 +71,11 @@ template <class B>
 class TransformerBlock {
  public:
   TransformerBlock(std::int64_t dim, std::int64_t heads, std::int64_t hidden, Init& init, float dropout = 0.0f,
-                   DType dtype = DType::F32, std::string name = "block")
+                   DType dtype = DType::F32, std::string name = "block", Masking masking = Masking::Causal)
       : dropout_(dropout),
         ln1_(dim, 1e-5, dtype, name + ".ln1"),
         ln2_(dim, 1e-5, dtype, name + ".ln2"),
-        attn_(dim, heads, init, dropout, dtype, name + ".attn"),
+        attn_(dim, heads, init, dropout, dtype, name + ".attn", masking),
         mlp_(dim, hidden, init, dtype, name + ".mlp") {}
 
   Var<B> operator()(const Var<B>& x, bool training = true) const {
@@ -83,7 +93,7 @@ class TransformerBlock {
  private:
   float dropout_;
   LayerNorm<B> ln1_, ln2_;
-  CausalSelfAttention<B> attn_;
+  SelfAttention<B> attn_;
   Mlp<B> mlp_;
 };
 
