@@ -204,24 +204,12 @@ class Backend {
   template <class Update>
   void apply_update(Update update, const TensorT& param, const TensorT& grad, const TensorT& state1,
                     const TensorT& state2, const TensorT& model_copy) {
-    visit_floating(param.dtype(), "apply_update", [&]<class TP>() {
-      if constexpr (std::is_same_v<TP, float> || std::is_same_v<TP, double>) {
-        visit_floating(grad.dtype(), "apply_update", [&]<class TG>() {
-          TP* s1 = state1.defined() ? state1.data_as<TP>() : nullptr;
-          TP* s2 = state2.defined() ? state2.data_as<TP>() : nullptr;
-          if (model_copy.defined()) {
-            visit_floating(model_copy.dtype(), "apply_update", [&]<class TC>() {
-              detail::apply_update(update, param.data_as<TP>(), grad.data_as<const TG>(), s1, s2,
-                                   model_copy.data_as<TC>(), param.numel());
-            });
-          } else {
-            detail::apply_update(update, param.data_as<TP>(), grad.data_as<const TG>(), s1, s2,
-                                 static_cast<TP*>(nullptr), param.numel());
-          }
-        });
-      } else {
-        throw Error("apply_update: the updated parameter must be f32 or f64 (use FP32 master weights for 16-bit models)");
-      }
+    if (!model_copy.defined()) {
+      update_with(update, param, grad, state1, state2, detail::NoCopy{});
+      return;
+    }
+    visit_floating(model_copy.dtype(), "apply_update", [&]<class TC>() {
+      update_with(update, param, grad, state1, state2, detail::NearestCopy<TC>{model_copy.data_as<TC>()});
     });
   }
 
@@ -240,18 +228,8 @@ class Backend {
     }
     trainmem::detail::check(model_copy.dtype() == DType::BF16, "apply_update: stochastic rounding writes bf16 model "
                             "copies, the copy is ", model_copy.dtype());
-    visit_floating(param.dtype(), "apply_update", [&]<class TP>() {
-      if constexpr (std::is_same_v<TP, float> || std::is_same_v<TP, double>) {
-        visit_floating(grad.dtype(), "apply_update", [&]<class TG>() {
-          detail::apply_update_stochastic(update, param.data_as<TP>(), grad.data_as<const TG>(),
-                                          state1.defined() ? state1.data_as<TP>() : nullptr,
-                                          state2.defined() ? state2.data_as<TP>() : nullptr,
-                                          model_copy.data_as<BFloat16>(), param.numel(), rounding.rng);
-        });
-      } else {
-        throw Error("apply_update: the updated parameter must be f32 or f64 (use FP32 master weights for 16-bit models)");
-      }
-    });
+    update_with(update, param, grad, state1, state2,
+                detail::StochasticBf16Copy{model_copy.data_as<BFloat16>(), rounding.rng});
   }
 
   /// Every grad *= 1 / scale[0] in place (no write when that is 1), and found_inf[0] = 1
@@ -288,6 +266,23 @@ class Backend {
   }
 
  private:
+  /// The typed update pass behind both apply_update overloads; store_copy writes the model copy.
+  template <class Update, class StoreCopy>
+  void update_with(Update update, const TensorT& param, const TensorT& grad, const TensorT& state1,
+                   const TensorT& state2, StoreCopy store_copy) {
+    visit_floating(param.dtype(), "apply_update", [&]<class TP>() {
+      if constexpr (std::is_same_v<TP, float> || std::is_same_v<TP, double>) {
+        visit_floating(grad.dtype(), "apply_update", [&]<class TG>() {
+          detail::apply_update(update, param.data_as<TP>(), grad.data_as<const TG>(),
+                               state1.defined() ? state1.data_as<TP>() : nullptr,
+                               state2.defined() ? state2.data_as<TP>() : nullptr, param.numel(), store_copy);
+        });
+      } else {
+        throw Error("apply_update: the updated parameter must be f32 or f64 (use FP32 master weights for 16-bit models)");
+      }
+    });
+  }
+
   MemoryStats stats_;
   Allocator allocator_{stats_};
   detail::WorkspaceBuffer workspace_a_{allocator_}, workspace_b_{allocator_}, workspace_c_{allocator_};

@@ -269,19 +269,39 @@ void embedding_backward(const T* dout, const std::int32_t* ids, TW* dweight, std
 }
 
 /// Applies an optimizer update element by element: param (the f32/f64 master) and the
-/// optional states are updated in place; the gradient is widened; a 16-bit model copy,
-/// if given, is written from the updated value in the same pass.
-template <class Update, class TP, class TG, class TCopy>
-void apply_update(Update update, TP* param, const TG* grad, TP* state1, TP* state2, TCopy* copy, std::int64_t n) {
+/// optional states are updated in place; the gradient is widened; `store_copy(i, value)`
+/// writes the 16-bit model copy from the updated value in the same pass (or nothing).
+template <class Update, class TP, class TG, class StoreCopy>
+void apply_update(Update update, TP* param, const TG* grad, TP* state1, TP* state2, std::int64_t n,
+                  StoreCopy store_copy) {
 #pragma omp parallel for if (n > kParallelGrain)
   for (std::int64_t i = 0; i < n; ++i) {
     TP unused1 = 0, unused2 = 0;
     TP& s1 = state1 ? state1[i] : unused1;
     TP& s2 = state2 ? state2[i] : unused2;
     update(param[i], static_cast<TP>(trainmem::detail::widen(grad[i])), s1, s2);
-    if (copy) copy[i] = trainmem::detail::narrow<TCopy>(param[i]);
+    store_copy(i, param[i]);
   }
 }
+
+/// Model-copy writers for apply_update.
+struct NoCopy {
+  template <class TP> void operator()(std::int64_t, TP) const {}
+};
+template <class TC>
+struct NearestCopy {
+  TC* copy;
+  template <class TP> void operator()(std::int64_t i, TP value) const { copy[i] = trainmem::detail::narrow<TC>(value); }
+};
+/// Rounds element i with draw i of `rng`, so the result does not depend on how the loop is split.
+struct StochasticBf16Copy {
+  BFloat16* copy;
+  RngState rng;
+  template <class TP> void operator()(std::int64_t i, TP value) const {
+    copy[i] = amp::bf16_round_stochastic(static_cast<float>(value),
+                                         trainmem::detail::random_bits(rng, static_cast<std::uint64_t>(i)));
+  }
+};
 
 // --- mixed precision: loss scaling and master weights ----------------------------------
 
@@ -314,22 +334,6 @@ void sum_squares(const T* x, TAcc* accumulator, std::int64_t n) {
     total += v * v;
   }
   accumulator[0] += total;
-}
-
-/// apply_update writing a bf16 model copy with stochastic rounding: element i is rounded
-/// with draw i of `rng`, so the result does not depend on how the loop is split.
-template <class Update, class TP, class TG>
-void apply_update_stochastic(Update update, TP* param, const TG* grad, TP* state1, TP* state2, BFloat16* copy,
-                             std::int64_t n, RngState rng) {
-#pragma omp parallel for if (n > kParallelGrain)
-  for (std::int64_t i = 0; i < n; ++i) {
-    TP unused1 = 0, unused2 = 0;
-    TP& s1 = state1 ? state1[i] : unused1;
-    TP& s2 = state2 ? state2[i] : unused2;
-    update(param[i], static_cast<TP>(trainmem::detail::widen(grad[i])), s1, s2);
-    copy[i] = amp::bf16_round_stochastic(static_cast<float>(param[i]),
-                                         trainmem::detail::random_bits(rng, static_cast<std::uint64_t>(i)));
-  }
 }
 
 }  // namespace trainmem::cpu::detail
