@@ -10,7 +10,7 @@
 // (common/training.hpp); settings the example cannot run yet are refused by name.
 //
 //   fashion_mnist                         # MLP, FP32, 5 epochs
-//   fashion_mnist --model vit             # vision transformer over 7x7 patches, 10 epochs
+//   fashion_mnist --model vit             # vision transformer over 7x7 patches, 15 epochs
 //   fashion_mnist --train-limit 5000 --epochs 1   # a quick look
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -63,7 +63,8 @@ struct Options {
 
 /// Defaults per model: what reaches the accuracy targets (mlp 88.3%, vit 89%) in a few
 /// minutes on 2 cores. Without flips the transformer stalls below 89% (88.9% after 12
-/// epochs) as it starts to fit the training set; mirrored images delay that.
+/// epochs) as it starts to fit the training set; mirrored images delay that. With BF16 +
+/// sqrt checkpointing it reached 88.73% after 10 epochs and 89.17% after 15 (seed 1).
 struct ModelDefaults {
   int epochs;
   double lr;
@@ -71,7 +72,7 @@ struct ModelDefaults {
   const char* augment;
 };
 ModelDefaults defaults_for(const std::string& model) {
-  if (model == "vit") return {10, 2e-3, 0.05, "flip"};
+  if (model == "vit") return {15, 2e-3, 0.05, "flip"};
   return {5, 1e-3, 0.01, "none"};
 }
 
@@ -344,7 +345,7 @@ int main(int argc, char** argv) {
   app.add_option("--precision", precision, "fp32, bf16 or fp16")->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   app.add_option("--checkpoint", checkpoint, "none, sqrt, every:K or selective");
   app.add_option("--device", device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
-  app.add_option("--epochs", o.epochs, "epochs (default: 5 for mlp, 10 for vit)")
+  app.add_option("--epochs", o.epochs, "epochs (default: 5 for mlp, 15 for vit)")
       ->check(CLI::PositiveNumber)
       ->default_str("");
   app.add_option("--batch", o.batch, "examples per step")->check(CLI::PositiveNumber);
