@@ -83,6 +83,21 @@ void sum_all(const TIn* in, TOut* out, std::int64_t n) {
   out[0] = trainmem::detail::narrow<TOut>(total);
 }
 
+/// A row's maximum and sum of exp(x - max): the stable base of softmax and log-sum-exp.
+template <class Acc>
+struct MaxSumExp {
+  Acc max;
+  Acc sum;
+};
+template <class Acc, class T>
+MaxSumExp<Acc> max_and_sum_exp(const T* row, std::int64_t cols) {
+  Acc max = -std::numeric_limits<Acc>::infinity();
+  for (std::int64_t c = 0; c < cols; ++c) max = std::max(max, static_cast<Acc>(trainmem::detail::widen(row[c])));
+  Acc sum = 0;
+  for (std::int64_t c = 0; c < cols; ++c) sum += math::exp(static_cast<Acc>(trainmem::detail::widen(row[c])) - max);
+  return {max, sum};
+}
+
 /// Row-wise softmax (or log-softmax) over the last dimension, max-subtracted.
 template <class T>
 void softmax(const T* x, T* y, std::int64_t rows, std::int64_t cols, bool log_output) {
@@ -91,10 +106,7 @@ void softmax(const T* x, T* y, std::int64_t rows, std::int64_t cols, bool log_ou
   for (std::int64_t r = 0; r < rows; ++r) {
     const T* xr = x + r * cols;
     T* yr = y + r * cols;
-    Acc max = -std::numeric_limits<Acc>::infinity();
-    for (std::int64_t c = 0; c < cols; ++c) max = std::max(max, static_cast<Acc>(trainmem::detail::widen(xr[c])));
-    Acc sum = 0;
-    for (std::int64_t c = 0; c < cols; ++c) sum += math::exp(static_cast<Acc>(trainmem::detail::widen(xr[c])) - max);
+    const auto [max, sum] = max_and_sum_exp<Acc>(xr, cols);
     const Acc log_sum = std::log(sum);
     for (std::int64_t c = 0; c < cols; ++c) {
       const Acc shifted = static_cast<Acc>(trainmem::detail::widen(xr[c])) - max;
@@ -190,10 +202,7 @@ std::int64_t cross_entropy(const T* logits, const std::int32_t* labels, Acc* los
 #pragma omp parallel for reduction(+ : total) if (rows * cols > kParallelGrain)
   for (std::int64_t r = 0; r < rows; ++r) {
     const T* xr = logits + r * cols;
-    Acc max = -std::numeric_limits<Acc>::infinity();
-    for (std::int64_t c = 0; c < cols; ++c) max = std::max(max, w(xr[c]));
-    Acc sum = 0;
-    for (std::int64_t c = 0; c < cols; ++c) sum += math::exp(w(xr[c]) - max);
+    const auto [max, sum] = max_and_sum_exp<Acc>(xr, cols);
     lse[r] = max + std::log(sum);
     total += lse[r] - w(xr[labels[r]]);
   }

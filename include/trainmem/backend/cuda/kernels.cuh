@@ -218,18 +218,31 @@ void sum_all(const KernelContext& ctx, const TIn* in, TOut* out, std::int64_t n)
 // softmax
 // ======================================================================================
 
+/// A row's maximum and sum of exp(x - max), reduced over the block (every thread gets
+/// both): the stable base of softmax and log-sum-exp.
+template <class Acc>
+struct MaxSumExp {
+  Acc max;
+  Acc sum;
+};
+template <class Acc, class T>
+__device__ MaxSumExp<Acc> block_max_and_sum_exp(const T* row, std::int64_t cols) {
+  Acc max = negative_infinity<Acc>();
+  for (std::int64_t c = threadIdx.x; c < cols; c += blockDim.x) max = MaxOp{}(max, load<Acc>(row, c));
+  max = block_all_reduce(max, MaxOp{}, negative_infinity<Acc>());
+  Acc sum = Acc(0);
+  for (std::int64_t c = threadIdx.x; c < cols; c += blockDim.x) sum += math::exp(load<Acc>(row, c) - max);
+  sum = block_all_reduce(sum, SumOp{}, Acc(0));
+  return {max, sum};
+}
+
 template <class T>
 __global__ void softmax_kernel(const T* x, T* y, std::int64_t rows, std::int64_t cols, bool log_output) {
   using Acc = AccumulatorOf<T>;
   for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const T* xr = x + r * cols;
     T* yr = y + r * cols;
-    Acc max = negative_infinity<Acc>();
-    for (std::int64_t c = threadIdx.x; c < cols; c += blockDim.x) max = MaxOp{}(max, load<Acc>(xr, c));
-    max = block_all_reduce(max, MaxOp{}, negative_infinity<Acc>());
-    Acc sum = Acc(0);
-    for (std::int64_t c = threadIdx.x; c < cols; c += blockDim.x) sum += math::exp(load<Acc>(xr, c) - max);
-    sum = block_all_reduce(sum, SumOp{}, Acc(0));
+    const auto [max, sum] = block_max_and_sum_exp<Acc>(xr, cols);
     const Acc log_sum = acc_log(sum);
     for (std::int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
       const Acc shifted = load<Acc>(xr, c) - max;
@@ -379,12 +392,7 @@ __global__ void cross_entropy_rows_kernel(const T* logits, const std::int32_t* l
                                           std::int64_t rows, std::int64_t cols, unsigned long long* bad_row) {
   for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const T* xr = logits + r * cols;
-    Acc max = negative_infinity<Acc>();
-    for (std::int64_t c = threadIdx.x; c < cols; c += blockDim.x) max = MaxOp{}(max, load<Acc>(xr, c));
-    max = block_all_reduce(max, MaxOp{}, negative_infinity<Acc>());
-    Acc sum = Acc(0);
-    for (std::int64_t c = threadIdx.x; c < cols; c += blockDim.x) sum += math::exp(load<Acc>(xr, c) - max);
-    sum = block_all_reduce(sum, SumOp{}, Acc(0));
+    const auto [max, sum] = block_max_and_sum_exp<Acc>(xr, cols);
     if (threadIdx.x == 0) {
       const Acc row_lse = max + acc_log(sum);
       lse[r] = row_lse;
