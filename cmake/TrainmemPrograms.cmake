@@ -10,10 +10,12 @@ include_guard(GLOBAL)
 add_library(trainmem_dev INTERFACE)
 target_link_libraries(trainmem_dev INTERFACE trainmem::trainmem)
 target_compile_options(trainmem_dev INTERFACE $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra>)
-if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
-  # GCC 12 reports its own AVX-512 intrinsics (`__m512i __Y = __Y;`), inlined through
-  # Eigen and the F16/BF16 converters, as maybe-uninitialized under -march=native.
-  target_compile_options(trainmem_dev INTERFACE $<$<COMPILE_LANGUAGE:CXX>:-Wno-maybe-uninitialized>)
+if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU" AND CMAKE_CXX_COMPILER_VERSION VERSION_LESS 13)
+  # GCC 12 reports its own AVX-512 intrinsics (`__m512 __Y = __Y;` in
+  # _mm512_undefined_ps), inlined through Eigen's ptranspose and the F16/BF16
+  # converters, as (maybe-)uninitialized under -march=native: GCC bug 105593 (GCC 12).
+  target_compile_options(trainmem_dev INTERFACE
+                         $<$<COMPILE_LANGUAGE:CXX>:-Wno-maybe-uninitialized -Wno-uninitialized>)
 endif()
 
 if(TRAINMEM_NATIVE)
