@@ -7,10 +7,11 @@
 // (default: the GPL-3 text every Debian machine has). The blocks are the stages a
 // checkpoint schedule cuts at; their attention scores ([batch * heads, T, T] per
 // block) are the activations that schedules save the most on. It prints the training
-// and held-out loss every few steps, the peak bytes of one step per memory category,
-// and finally a sample of text generated from the trained model with a seeded sampler.
+// and held-out loss every few steps, the peak bytes of one step per memory category next
+// to the same model's plain F32 step, and finally a sample of text generated from the
+// trained model with a seeded sampler.
 //
-//   char_transformer                                  # GPL-3, about two minutes on 2 cores
+//   char_transformer                                  # GPL-3, under a minute on 2 cores
 //   char_transformer --text book.txt --steps 2000 --temperature 0.8
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -281,6 +282,29 @@ int main(int argc, char** argv) {
                       text_path.string(), ": ", text.size(), " characters is too short for windows of ", config.context,
                       " (need more than ", 10 * (config.context + 1), ")");
 
+    // The plain F32 step of the same model, measured first (while no other model is alive)
+    // so the memory table can put the chosen settings next to it.
+    const examples::MemorySettings plain = settings.plain();
+    const examples::StepMemory plain_memory = [&] {
+      CharTransformer plain_model(config, text.vocabulary(), seed,
+                                  examples::PrecisionRunner<B>::parameter_dtype(plain.precision));
+      tm::optim::AdamW<B> plain_optimizer(plain_model.parameters(), {.lr = lr, .weight_decay = weight_decay});
+      examples::PrecisionRunner<B> plain_runner(plain.precision, plain_optimizer);
+      tm::Tape<B> plain_tape;
+      plain_tape.manual_seed(seed);
+      std::mt19937_64 plain_rng(seed);
+      const Batch b = make_batch(text.ids(), random_starts(plain_rng, batch, 0, split, config.context), config.context);
+      const auto plain_stages = plain_model.stages(true);
+      const auto one_step = [&] {
+        examples::train_step(
+            plain_tape, plain_model, plain_stages, b.inputs,
+            [&](const tm::Var<B>& logits) { return tm::cross_entropy(logits, b.targets); }, plain.checkpoint,
+            plain_runner);
+      };
+      one_step();  // the first step allocates the optimizer state
+      return examples::measure_step(B::default_instance().memory(), one_step, false);
+    }();
+
     CharTransformer model(config, text.vocabulary(), seed,
                           examples::PrecisionRunner<B>::parameter_dtype(settings.precision));
     std::int64_t parameter_count = 0;
@@ -339,13 +363,9 @@ int main(int argc, char** argv) {
     }
     const double train_seconds = std::chrono::duration<double>(Clock::now() - run_start).count();
 
-    std::printf("\npeak bytes of one training step (batch %lld x %lld characters):", static_cast<long long>(batch),
-                static_cast<long long>(config.context));
-    for (std::size_t c = 0; c < examples::kMemCategoryCount; ++c)
-      if (step_memory.peak[c] > 0)
-        std::printf(" %s %s;", std::string(tm::name_of(static_cast<tm::MemCategory>(c))).c_str(),
-                    examples::format_bytes(static_cast<double>(step_memory.peak[c])).c_str());
-    std::printf(" total %s\n", examples::format_bytes(static_cast<double>(step_memory.peak_total)).c_str());
+    std::printf("\nmemory of one training step (batch %lld x %lld characters), peak bytes per category:\n",
+                static_cast<long long>(batch), static_cast<long long>(config.context));
+    examples::print_memory_table(step_memory, settings.str(), plain_memory, plain.str() + " (plain)");
 
     std::mt19937_64 sample_rng(seed);
     const std::string sample = generate(tape, model, text, prompt, sample_chars, temperature, sample_rng);
