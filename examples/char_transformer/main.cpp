@@ -286,6 +286,7 @@ int main(int argc, char** argv) {
     // so the memory table can put the chosen settings next to it.
     const examples::MemorySettings plain = settings.plain();
     const examples::StepMemory plain_memory = [&] {
+      B::default_instance().release_workspace();
       CharTransformer plain_model(config, text.vocabulary(), seed,
                                   examples::PrecisionRunner<B>::parameter_dtype(plain.precision));
       tm::optim::AdamW<B> plain_optimizer(plain_model.parameters(), {.lr = lr, .weight_decay = weight_decay});
@@ -302,7 +303,9 @@ int main(int argc, char** argv) {
             plain_runner);
       };
       one_step();  // the first step allocates the optimizer state
-      return examples::measure_step(B::default_instance().memory(), one_step, false);
+      const examples::StepMemory measured = examples::measure_step(B::default_instance().memory(), one_step, false);
+      B::default_instance().release_workspace();
+      return measured;
     }();
 
     CharTransformer model(config, text.vocabulary(), seed,

@@ -49,6 +49,12 @@ class Backend {
   /// Work queued so far is finished (nothing to wait for on the CPU).
   void synchronize() {}
 
+  /// Frees the GEMM's widening workspaces (16-bit GEMMs grow them back on their next call),
+  /// so that one configuration's step is not measured with another's workspace still live.
+  void release_workspace() {
+    for (auto* w : {&workspace_a_, &workspace_b_, &workspace_c_}) w->release();
+  }
+
   // --- kernels ---------------------------------------------------------------------
   /// C = alpha op(A) op(B) + beta C. A and B share a dtype; f64 only with f64.
   void gemm(const GemmArgs& args, const TensorT& a, const TensorT& b, const TensorT& c) {

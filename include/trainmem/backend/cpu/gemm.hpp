@@ -34,19 +34,23 @@ namespace trainmem::cpu::detail {
 class WorkspaceBuffer {
  public:
   explicit WorkspaceBuffer(Allocator& allocator) : allocator_(&allocator) {}
-  ~WorkspaceBuffer() { allocator_->deallocate(data_, capacity_ * sizeof(float), MemCategory::Workspace); }
+  ~WorkspaceBuffer() { release(); }
   WorkspaceBuffer(const WorkspaceBuffer&) = delete;
   WorkspaceBuffer& operator=(const WorkspaceBuffer&) = delete;
 
   float* get(std::size_t count) {
     if (count > capacity_) {
-      allocator_->deallocate(data_, capacity_ * sizeof(float), MemCategory::Workspace);
-      data_ = nullptr;
-      capacity_ = 0;
+      release();
       data_ = static_cast<float*>(allocator_->allocate(count * sizeof(float), MemCategory::Workspace));
       capacity_ = count;
     }
     return data_;
+  }
+
+  void release() {
+    allocator_->deallocate(data_, capacity_ * sizeof(float), MemCategory::Workspace);
+    data_ = nullptr;
+    capacity_ = 0;
   }
 
  private:
