@@ -175,6 +175,36 @@ Batch make_batch(const std::vector<std::int32_t>& ids, const std::vector<std::in
   return b;
 }
 
+/// \brief One training run: the model under its settings, AdamW, the precision runner
+/// (masters, loss scaling) and the tape.
+struct Training {
+  Training(const ModelConfig& config, std::int64_t vocabulary, std::uint64_t seed,
+           const examples::MemorySettings& run_settings, double lr, double weight_decay)
+      : settings(run_settings),
+        model(config, vocabulary, seed, examples::PrecisionRunner<B>::parameter_dtype(settings.precision)),
+        optimizer(model.parameters(), {.lr = lr, .weight_decay = weight_decay}),
+        runner(settings.precision, optimizer),
+        stages(model.stages(true)) {
+    tape.manual_seed(seed);
+  }
+  Training(const Training&) = delete;
+  Training& operator=(const Training&) = delete;
+
+  /// One optimizer step on `b` under the run's checkpoint schedule.
+  examples::StepOutcome step(const Batch& b) {
+    return examples::train_step(
+        tape, model, stages, b.inputs, [&](const tm::Var<B>& logits) { return tm::cross_entropy(logits, b.targets); },
+        settings.checkpoint, runner);
+  }
+
+  examples::MemorySettings settings;
+  CharTransformer model;
+  tm::optim::AdamW<B> optimizer;
+  examples::PrecisionRunner<B> runner;
+  tm::Tape<B> tape;
+  std::vector<Stage<B>> stages;
+};
+
 /// Window starts in [begin, end - context - 1], uniformly at random.
 std::vector<std::int64_t> random_starts(std::mt19937_64& rng, std::int64_t count, std::int64_t begin, std::int64_t end,
                                         std::int64_t context) {
@@ -286,36 +316,15 @@ int main(int argc, char** argv) {
     // so the memory table can put the chosen settings next to it.
     const examples::MemorySettings plain = settings.plain();
     const examples::StepMemory plain_memory = [&] {
-      B::default_instance().release_workspace();
-      CharTransformer plain_model(config, text.vocabulary(), seed,
-                                  examples::PrecisionRunner<B>::parameter_dtype(plain.precision));
-      tm::optim::AdamW<B> plain_optimizer(plain_model.parameters(), {.lr = lr, .weight_decay = weight_decay});
-      examples::PrecisionRunner<B> plain_runner(plain.precision, plain_optimizer);
-      tm::Tape<B> plain_tape;
-      plain_tape.manual_seed(seed);
+      Training plain_run(config, text.vocabulary(), seed, plain, lr, weight_decay);
       std::mt19937_64 plain_rng(seed);
       const Batch b = make_batch(text.ids(), random_starts(plain_rng, batch, 0, split, config.context), config.context);
-      const auto plain_stages = plain_model.stages(true);
-      const auto one_step = [&] {
-        examples::train_step(
-            plain_tape, plain_model, plain_stages, b.inputs,
-            [&](const tm::Var<B>& logits) { return tm::cross_entropy(logits, b.targets); }, plain.checkpoint,
-            plain_runner);
-      };
-      one_step();  // the first step allocates the optimizer state
-      const examples::StepMemory measured = examples::measure_step(B::default_instance().memory(), one_step, false);
-      B::default_instance().release_workspace();
-      return measured;
+      return examples::measure_steady_step(B::default_instance(), [&] { plain_run.step(b); }, false);
     }();
 
-    CharTransformer model(config, text.vocabulary(), seed,
-                          examples::PrecisionRunner<B>::parameter_dtype(settings.precision));
+    Training run(config, text.vocabulary(), seed, settings, lr, weight_decay);
     std::int64_t parameter_count = 0;
-    for (const auto& p : model.parameters()) parameter_count += p.numel();
-    tm::optim::AdamW<B> optimizer(model.parameters(), {.lr = lr, .weight_decay = weight_decay});
-    examples::PrecisionRunner<B> precision_runner(settings.precision, optimizer);
-    tm::Tape<B> tape;
-    tape.manual_seed(seed);
+    for (const auto& p : run.model.parameters()) parameter_count += p.numel();
     std::mt19937_64 rng(seed);
 
     std::printf("char_transformer: %s, %lld characters (%lld distinct)\n", text_path.string().c_str(),
@@ -332,20 +341,15 @@ int main(int argc, char** argv) {
     std::mt19937_64 held_out_rng(seed + 1);
     const std::vector<std::int64_t> held_out =
         random_starts(held_out_rng, 4 * batch, split, text.size(), config.context);
-    const auto stages = model.stages(true);
     examples::StepMemory step_memory;
     double loss_sum = 0.0;
     std::int64_t loss_count = 0;
     auto window_start = Clock::now();
     for (std::int64_t step = 0; step < steps; ++step) {
-      optimizer.options().lr = examples::learning_rate(lr, step, steps);
+      run.optimizer.options().lr = examples::learning_rate(lr, step, steps);
       const Batch b = make_batch(text.ids(), random_starts(rng, batch, 0, split, config.context), config.context);
       const auto one_step = [&] {
-        const examples::StepOutcome outcome = examples::train_step(
-            tape, model, stages, b.inputs,
-            [&](const tm::Var<B>& logits) { return tm::cross_entropy(logits, b.targets); }, settings.checkpoint,
-            precision_runner);
-        loss_sum += outcome.loss;
+        loss_sum += run.step(b).loss;
         ++loss_count;
       };
       // The second step is measured (the first allocates the optimizer state).
@@ -356,7 +360,7 @@ int main(int argc, char** argv) {
       if ((step + 1) % log_every == 0 || step + 1 == steps) {
         const double seconds = std::chrono::duration<double>(Clock::now() - window_start).count();
         std::printf("step %5lld  train loss %.4f  held-out loss %.4f  %.0f chars/s\n", static_cast<long long>(step + 1),
-                    loss_sum / static_cast<double>(loss_count), held_out_loss(tape, model, text.ids(), held_out, batch),
+                    loss_sum / static_cast<double>(loss_count), held_out_loss(run.tape, run.model, text.ids(), held_out, batch),
                     static_cast<double>(loss_count * batch * config.context) / seconds);
         std::fflush(stdout);
         loss_sum = 0.0;
@@ -371,7 +375,7 @@ int main(int argc, char** argv) {
     examples::print_memory_table(step_memory, settings.str(), plain_memory, plain.str() + " (plain)");
 
     std::mt19937_64 sample_rng(seed);
-    const std::string sample = generate(tape, model, text, prompt, sample_chars, temperature, sample_rng);
+    const std::string sample = generate(run.tape, run.model, text, prompt, sample_chars, temperature, sample_rng);
     std::printf("\nsample (temperature %g, seed %llu):\n%s%s\n", temperature, static_cast<unsigned long long>(seed),
                 prompt.c_str(), sample.c_str());
     std::printf("\nwall time %.1f s (training and held-out loss %.1f s)\n",

@@ -52,6 +52,22 @@ StepMemory measure_step(MemoryStats& stats, Step&& step, bool record_timeline) {
   return m;
 }
 
+/// Peak bytes of a training loop's steady step: `step` runs once unmeasured (it allocates
+/// what every later step finds: optimizer state, casts, GEMM workspace), then once measured.
+/// The backend's GEMM workspace is released before and after, so no other configuration's
+/// buffers are counted here and none of these are counted in the next measurement.
+template <class Backend, class Step>
+StepMemory measure_steady_step(Backend& backend, Step&& step, bool record_timeline) {
+  auto release = [&] {
+    if constexpr (requires { backend.release_workspace(); }) backend.release_workspace();
+  };
+  release();
+  step();
+  StepMemory m = measure_step(backend.memory(), step, record_timeline);
+  release();
+  return m;
+}
+
 /// "12.3 MiB", "456.0 KiB", "789 B".
 inline std::string format_bytes(double bytes) {
   char text[32];

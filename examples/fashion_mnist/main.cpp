@@ -163,12 +163,10 @@ examples::StepOutcome classifier_step(tm::Tape<B>& tape, const Model& model,
       [&](const tm::Var<B>& logits) { return tm::cross_entropy(logits, targets); }, checkpoint, precision);
 }
 
-/// Peak bytes of one training step of a fresh model under `settings`, measured after
-/// one unmeasured step (which allocates the optimizer state every later step has).
+/// Peak bytes of one steady training step of a fresh model under `settings`.
 template <class Model>
 examples::StepMemory measure_memory(const Options& o, const MemorySettings& settings, const Dataset& train,
                                     bool record_timeline) {
-  B::default_instance().release_workspace();  // the previous measurement's GEMM workspace is not ours
   Model model = make_model<Model>(o, settings);
   tm::optim::AdamW<B> optimizer(model.parameters(), {.lr = o.lr, .weight_decay = o.weight_decay});
   examples::PrecisionRunner<B> precision(settings.precision, optimizer);
@@ -180,8 +178,7 @@ examples::StepMemory measure_memory(const Options& o, const MemorySettings& sett
   train.gather(first.data(), static_cast<std::int64_t>(first.size()), images, labels);
   const auto stages = model.stages(true);
   const auto step = [&] { classifier_step(tape, model, stages, images, labels, settings.checkpoint, precision); };
-  step();
-  return examples::measure_step(B::default_instance().memory(), step, record_timeline);
+  return examples::measure_steady_step(B::default_instance(), step, record_timeline);
 }
 
 std::string percent(double fraction) {
