@@ -294,6 +294,17 @@ class _null:
         return False
 
 
+def running_peak(changes):
+    """(peak, op at the peak, final) of the running sum of (bytes, op) changes, taken in order."""
+    running = peak = 0
+    peak_op = ""
+    for nbytes, op in changes:
+        running += nbytes
+        if running > peak:
+            peak, peak_op = running, op
+    return peak, peak_op, running
+
+
 def profiled_peak(torch, one_step, optimizer, params, batch):
     """Peak tensor bytes of one steady-state step by PyTorch's CPU allocator accounting.
 
@@ -340,12 +351,7 @@ def profiled_peak(torch, one_step, optimizer, params, batch):
                 changes.append((r.cpu_elapsed_us(origin), r.cpu_memory_usage(), stack[-1] if stack else "-"))
     if len(records) > 1:
         changes.sort(key=lambda c: c[0])
-    running = peak = 0
-    peak_op = ""
-    for _, nbytes, op in changes:
-        running += nbytes
-        if running > peak:
-            peak, peak_op = running, op
+    peak, peak_op, running = running_peak((nbytes, op) for _, nbytes, op in changes)
     return {"accounting": "c10 CPU allocator: every allocation and free of one steady-state step, from "
                           "the profiler (profile_memory=True) records, on top of parameters, momentum buffers and "
                           "the batch; oneDNN's private buffers are not seen",
@@ -366,12 +372,7 @@ def profiled_peak_from_events(torch, step, live):
         if u:
             points.append((e.time_range.start if u > 0 else e.time_range.end, 0 if u > 0 else 1, u, e.name))
     points.sort()
-    running = peak = 0
-    peak_op = ""
-    for _, _, u, name in points:
-        running += u
-        if running > peak:
-            peak, peak_op = running, name
+    peak, peak_op, running = running_peak((u, name) for _, _, u, name in points)
     return {"accounting": "torch.profiler(profile_memory=True): per-op net CPU allocations, allocations at op "
                           "start and frees at op end, over one steady-state step, on top of parameters, momentum "
                           "buffers and the batch; oneDNN's private buffers are not seen",
