@@ -319,7 +319,7 @@ int main(int argc, char** argv) {
       Training plain_run(config, text.vocabulary(), seed, plain, lr, weight_decay);
       std::mt19937_64 plain_rng(seed);
       const Batch b = make_batch(text.ids(), random_starts(plain_rng, batch, 0, split, config.context), config.context);
-      return examples::measure_steady_step(B::default_instance(), [&] { plain_run.step(b); }, false);
+      return examples::measure_steady_step(B::default_instance().memory(), [&] { plain_run.step(b); }, false);
     }();
 
     Training run(config, text.vocabulary(), seed, settings, lr, weight_decay);

@@ -53,19 +53,11 @@ StepMemory measure_step(MemoryStats& stats, Step&& step, bool record_timeline) {
 }
 
 /// Peak bytes of a training loop's steady step: `step` runs once unmeasured (it allocates
-/// what every later step finds: optimizer state, casts, GEMM workspace), then once measured.
-/// The backend's GEMM workspace is released before and after, so no other configuration's
-/// buffers are counted here and none of these are counted in the next measurement.
-template <class Backend, class Step>
-StepMemory measure_steady_step(Backend& backend, Step&& step, bool record_timeline) {
-  auto release = [&] {
-    if constexpr (requires { backend.release_workspace(); }) backend.release_workspace();
-  };
-  release();
+/// what every later step finds: optimizer state, casts), then once measured.
+template <class Step>
+StepMemory measure_steady_step(MemoryStats& stats, Step&& step, bool record_timeline) {
   step();
-  StepMemory m = measure_step(backend.memory(), step, record_timeline);
-  release();
-  return m;
+  return measure_step(stats, step, record_timeline);
 }
 
 /// "12.3 MiB", "456.0 KiB", "789 B".

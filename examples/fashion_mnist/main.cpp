@@ -178,7 +178,7 @@ examples::StepMemory measure_memory(const Options& o, const MemorySettings& sett
   train.gather(first.data(), static_cast<std::int64_t>(first.size()), images, labels);
   const auto stages = model.stages(true);
   const auto step = [&] { classifier_step(tape, model, stages, images, labels, settings.checkpoint, precision); };
-  return examples::measure_steady_step(B::default_instance(), step, record_timeline);
+  return examples::measure_steady_step(B::default_instance().memory(), step, record_timeline);
 }
 
 std::string percent(double fraction) {

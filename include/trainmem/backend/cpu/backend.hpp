@@ -1,7 +1,7 @@
 // trainmem/backend/cpu/backend.hpp — the CPU backend: Eigen GEMM, OpenMP loops.
 //
 // A Backend is a compile-time policy: Tensor<Backend>, Tape<Backend>. It owns the
-// tracked allocator (and so the MemoryStats), GEMM workspaces, and the kernels, each
+// tracked allocator (and so the MemoryStats; GEMM workspaces come from it too), and the kernels, each
 // a method that checks nothing (ops validate before calling) and turns run-time
 // dtypes into C++ types once. `default_instance()` is what tensors use unless told
 // otherwise; tests that count bytes make their own instance.
@@ -49,26 +49,19 @@ class Backend {
   /// Work queued so far is finished (nothing to wait for on the CPU).
   void synchronize() {}
 
-  /// Frees the GEMM's widening workspaces (16-bit GEMMs grow them back on their next call),
-  /// so that one configuration's step is not measured with another's workspace still live.
-  void release_workspace() {
-    for (auto* w : {&workspace_a_, &workspace_b_, &workspace_c_}) w->release();
-  }
-
   // --- kernels ---------------------------------------------------------------------
   /// C = alpha op(A) op(B) + beta C. A and B share a dtype; f64 only with f64.
   void gemm(const GemmArgs& args, const TensorT& a, const TensorT& b, const TensorT& c) {
     if (a.dtype() == DType::F64) {
       detail::gemm<double, double>(args, a.data_as<const double>(), b.data_as<const double>(), c.data_as<double>(),
-                                   workspace_a_, workspace_b_, workspace_c_);
+                                   allocator_);
       return;
     }
     visit_floating(a.dtype(), "gemm", [&]<class TA>() {
       if constexpr (!std::is_same_v<TA, double>) {
         visit_floating(c.dtype(), "gemm", [&]<class TC>() {
           if constexpr (!std::is_same_v<TC, double>)
-            detail::gemm<TA, TC>(args, a.data_as<const TA>(), b.data_as<const TA>(), c.data_as<TC>(), workspace_a_,
-                                 workspace_b_, workspace_c_);
+            detail::gemm<TA, TC>(args, a.data_as<const TA>(), b.data_as<const TA>(), c.data_as<TC>(), allocator_);
         });
       }
     });
@@ -291,7 +284,6 @@ class Backend {
 
   MemoryStats stats_;
   Allocator allocator_{stats_};
-  detail::WorkspaceBuffer workspace_a_{allocator_}, workspace_b_{allocator_}, workspace_c_{allocator_};
 };
 
 }  // namespace trainmem::cpu

@@ -11,8 +11,9 @@
 // rows of A kBlockRows at a time right before multiplying them, so the block is still
 // in cache when Eigen packs it and the A workspace is threads x kBlockRows x k floats.
 // A 16-bit C is computed in an F32 block (widened first when beta != 0) and narrowed.
-// Workspaces are grow-only buffers from the tracked allocator: a training loop pays for
-// them once, and MemoryStats shows them as workspace.
+// Workspaces come from the tracked allocator for the duration of one call: MemoryStats
+// shows them as workspace while a GEMM runs and not after, and the allocator's per-size
+// cache hands the same blocks back to the next GEMM of a training loop.
 #pragma once
 
 #include <Eigen/Core>
@@ -30,33 +31,22 @@
 
 namespace trainmem::cpu::detail {
 
-/// \brief A grow-only float buffer from the tracked allocator.
-class WorkspaceBuffer {
+/// \brief A float buffer from the tracked allocator for one GEMM call (empty for count 0).
+class Workspace {
  public:
-  explicit WorkspaceBuffer(Allocator& allocator) : allocator_(&allocator) {}
-  ~WorkspaceBuffer() { release(); }
-  WorkspaceBuffer(const WorkspaceBuffer&) = delete;
-  WorkspaceBuffer& operator=(const WorkspaceBuffer&) = delete;
-
-  float* get(std::size_t count) {
-    if (count > capacity_) {
-      release();
-      data_ = static_cast<float*>(allocator_->allocate(count * sizeof(float), MemCategory::Workspace));
-      capacity_ = count;
-    }
-    return data_;
-  }
-
-  void release() {
-    allocator_->deallocate(data_, capacity_ * sizeof(float), MemCategory::Workspace);
-    data_ = nullptr;
-    capacity_ = 0;
-  }
+  Workspace(Allocator& allocator, std::size_t count)
+      : allocator_(allocator),
+        bytes_(count * sizeof(float)),
+        data_(count ? static_cast<float*>(allocator.allocate(bytes_, MemCategory::Workspace)) : nullptr) {}
+  ~Workspace() { allocator_.deallocate(data_, bytes_, MemCategory::Workspace); }
+  Workspace(const Workspace&) = delete;
+  Workspace& operator=(const Workspace&) = delete;
+  float* get() const { return data_; }
 
  private:
-  Allocator* allocator_;
-  float* data_ = nullptr;
-  std::size_t capacity_ = 0;
+  Allocator& allocator_;
+  std::size_t bytes_;
+  float* data_;
 };
 
 template <class T>
@@ -127,8 +117,7 @@ inline int gemm_thread_id() {
 
 /// GEMM for storage types TA (A and B) and TC (C), accumulating in AccumulatorOf<TA>.
 template <class TA, class TC>
-void gemm(const GemmArgs& g, const TA* a, const TA* b, TC* c, WorkspaceBuffer& wa, WorkspaceBuffer& wb,
-          WorkspaceBuffer& wc) {
+void gemm(const GemmArgs& g, const TA* a, const TA* b, TC* c, Allocator& allocator) {
   using Acc = AccumulatorOf<TA>;
   static_assert(std::is_same_v<Acc, AccumulatorOf<TC>>, "f64 GEMM takes and gives f64 only");
   constexpr bool widen_ab = !std::is_same_v<TA, Acc>;
@@ -144,9 +133,12 @@ void gemm(const GemmArgs& g, const TA* a, const TA* b, TC* c, WorkspaceBuffer& w
   const std::int64_t block = widen_ab || widen_c ? std::min(kBlockRows, rows_per_thread) : stacked_rows;
 
   // Workspaces come from the (single-threaded) allocator before any thread starts.
-  float* a_work = widen_ab ? wa.get(static_cast<std::size_t>(threads * block * g.k)) : nullptr;
-  float* b_work = widen_ab ? wb.get(static_cast<std::size_t>((shared_b ? 1 : threads) * b_size)) : nullptr;
-  float* c_work = widen_c ? wc.get(static_cast<std::size_t>(threads * block * g.n)) : nullptr;
+  const Workspace a_workspace(allocator, widen_ab ? static_cast<std::size_t>(threads * block * g.k) : 0);
+  const Workspace b_workspace(allocator, widen_ab ? static_cast<std::size_t>((shared_b ? 1 : threads) * b_size) : 0);
+  const Workspace c_workspace(allocator, widen_c ? static_cast<std::size_t>(threads * block * g.n) : 0);
+  float* a_work = a_workspace.get();
+  float* b_work = b_workspace.get();
+  float* c_work = c_workspace.get();
   const Acc alpha = static_cast<Acc>(g.alpha), beta = static_cast<Acc>(g.beta);
 
   // Rows [first, last) of entry e of C, with entry e's op(B) given as (B, ldb).
