@@ -37,6 +37,7 @@
 #include "trainmem/nn/layer_norm.hpp"
 #include "trainmem/nn/linear.hpp"
 #include "trainmem/nn/mlp.hpp"
+#include "trainmem/nn/module.hpp"
 
 #include "trainmem/optim/adamw.hpp"
 #include "trainmem/optim/clip_grad_norm.hpp"
@@ -46,3 +47,9 @@
 #include "trainmem/checkpoint/region.hpp"
 #include "trainmem/checkpoint/replay_state.hpp"
 #include "trainmem/checkpoint/sequential.hpp"
+
+#include "trainmem/state/checksum.hpp"
+#include "trainmem/state/file.hpp"
+#include "trainmem/state/save.hpp"
+#include "trainmem/state/state_dict.hpp"
+#include "trainmem/state/stateful.hpp"

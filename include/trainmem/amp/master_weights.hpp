@@ -10,14 +10,20 @@
 // master as MemCategory::MasterWeight (4 bytes). An f32 parameter handed over keeps its
 // storage as the master (re-tagged), and the Var's value becomes a new 16-bit tensor;
 // every copy of the Var sees it, since a Var is a shared handle.
+//
+// state() holds the masters by parameter name ("masters.<name>"); the 16-bit model
+// copies are the module's state, and the stochastic-rounding stream the optimizer's.
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <string>
 #include <vector>
 
 #include "trainmem/amp/stochastic_rounding.hpp"
 #include "trainmem/core/math.hpp"
 #include "trainmem/optim/optimizer.hpp"
+#include "trainmem/state/state_dict.hpp"
 
 namespace trainmem::amp {
 
@@ -99,7 +105,45 @@ class MasterWeights {
     }
   }
 
+  /// The masters keyed "masters.<parameter name>", and "model_dtype".
+  StateDict state() const {
+    StateDict out;
+    out.set_i64("model_dtype", static_cast<std::int64_t>(options_.model_dtype));
+    for (std::size_t i = 0; i < params_.size(); ++i) out.set("masters." + unique_name(i, "state"), masters_[i]);
+    return out;
+  }
+  /// Throws (naming every difference) unless `state` fits these masters; changes nothing.
+  void check_state(const StateDict& state) const {
+    std::map<std::string, ExpectedEntry> expected{{"model_dtype", {StateType::I64, Shape{}}}};
+    for (std::size_t i = 0; i < params_.size(); ++i)
+      expected["masters." + unique_name(i, "load_state")] = {state_type_of(masters_[i].dtype()), masters_[i].shape()};
+    check_layout(state, expected, "amp::MasterWeights::load_state");
+    const std::int64_t dtype = state.get_i64("model_dtype");
+    trainmem::detail::check(dtype == static_cast<std::int64_t>(options_.model_dtype),
+                            "amp::MasterWeights::load_state: the state's model copies are ",
+                            is_valid_state_type(static_cast<std::uint8_t>(dtype)) && dtype >= 0
+                                ? std::string(name_of(static_cast<StateType>(dtype)))
+                                : std::to_string(dtype),
+                            ", these are ", options_.model_dtype);
+  }
+  /// Copies the saved masters in place (after check_state). The model copies are not
+  /// rewritten: load the module's state too, or call copy_to_model().
+  void load_state(const StateDict& state) {
+    check_state(state);
+    for (std::size_t i = 0; i < params_.size(); ++i) state.at("masters." + params_[i].name()).copy_to(masters_[i]);
+  }
+
  private:
+  const std::string& unique_name(std::size_t i, const char* who) const {
+    const std::string& name = params_[i].name();
+    trainmem::detail::check(!name.empty(), "amp::MasterWeights::", who, ": parameter ", i,
+                            " has no name; state is keyed by name (register parameters in an nn::Module)");
+    for (std::size_t j = 0; j < i; ++j)
+      trainmem::detail::check(params_[j].name() != name, "amp::MasterWeights::", who, ": two parameters are named '",
+                              name, "'; state is keyed by name (nn::Module gives unique hierarchical names)");
+    return name;
+  }
+
   std::vector<Var<B>> params_;
   std::vector<Tensor<B>> masters_;
   MasterWeightsOptions options_;

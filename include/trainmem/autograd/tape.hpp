@@ -33,6 +33,7 @@ class Tape {
 
   B& backend() const { return *backend_; }
   Generator& rng() { return rng_; }
+  const Generator& rng() const { return rng_; }
   void manual_seed(std::uint64_t seed) { rng_.manual_seed(seed); }
 
   /// A value entering the graph; with requires_grad it is a leaf that gets a .grad.

@@ -6,7 +6,8 @@
 // heads merged, output projection. The block is pre-LN (GPT-2, ViT):
 //   x = x + attn(ln1(x));  x = x + mlp(ln2(x)).
 // The scores and probabilities are [batch*H, T, T] per block: the activations that
-// checkpointing saves the most on.
+// checkpointing saves the most on. Submodules (nn::Module): attention "q", "k", "v",
+// "out"; block "ln1", "attn", "ln2", "mlp".
 #pragma once
 
 #include <cmath>
@@ -16,6 +17,7 @@
 #include "trainmem/nn/layer_norm.hpp"
 #include "trainmem/nn/linear.hpp"
 #include "trainmem/nn/mlp.hpp"
+#include "trainmem/nn/module.hpp"
 #include "trainmem/ops/dropout.hpp"
 #include "trainmem/ops/elementwise.hpp"
 #include "trainmem/ops/shape.hpp"
@@ -30,11 +32,12 @@ enum class Masking {
 };
 
 template <class B>
-class SelfAttention {
+class SelfAttention : public Module<B> {
  public:
   SelfAttention(std::int64_t dim, std::int64_t heads, Init& init, float dropout = 0.0f, DType dtype = DType::F32,
                 std::string name = "attn", Masking masking = Masking::Causal)
-      : heads_(heads),
+      : Module<B>("SelfAttention", name),
+        heads_(heads),
         dropout_(dropout),
         masking_(masking),
         q_(dim, dim, init, true, dtype, name + ".q"),
@@ -42,6 +45,10 @@ class SelfAttention {
         v_(dim, dim, init, true, dtype, name + ".v"),
         out_(dim, dim, init, true, dtype, name + ".out") {
     detail::check(heads > 0 && dim % heads == 0, "nn::SelfAttention: ", heads, " heads do not divide dim ", dim);
+    this->register_module("q", q_);
+    this->register_module("k", k_);
+    this->register_module("v", v_);
+    this->register_module("out", out_);
   }
 
   Var<B> operator()(const Var<B>& x, bool training = true) const {
@@ -53,12 +60,6 @@ class SelfAttention {
     auto probs = dropout(softmax(scores), dropout_, training);
     return out_(merge_heads(bmm(probs, v), heads_));
   }
-  std::vector<Var<B>> parameters() const {
-    std::vector<Var<B>> p;
-    for (const auto* l : {&q_, &k_, &v_, &out_})
-      for (auto& v : l->parameters()) p.push_back(v);
-    return p;
-  }
 
  private:
   std::int64_t heads_;
@@ -68,26 +69,25 @@ class SelfAttention {
 };
 
 template <class B>
-class TransformerBlock {
+class TransformerBlock : public Module<B> {
  public:
   TransformerBlock(std::int64_t dim, std::int64_t heads, std::int64_t hidden, Init& init, float dropout = 0.0f,
                    DType dtype = DType::F32, std::string name = "block", Masking masking = Masking::Causal)
-      : dropout_(dropout),
+      : Module<B>("TransformerBlock", name),
+        dropout_(dropout),
         ln1_(dim, 1e-5, dtype, name + ".ln1"),
         ln2_(dim, 1e-5, dtype, name + ".ln2"),
         attn_(dim, heads, init, dropout, dtype, name + ".attn", masking),
-        mlp_(dim, hidden, init, dtype, name + ".mlp") {}
+        mlp_(dim, hidden, init, dtype, name + ".mlp") {
+    this->register_module("ln1", ln1_);
+    this->register_module("attn", attn_);
+    this->register_module("ln2", ln2_);
+    this->register_module("mlp", mlp_);
+  }
 
   Var<B> operator()(const Var<B>& x, bool training = true) const {
     auto h = add(x, dropout(attn_(ln1_(x), training), dropout_, training));
     return add(h, dropout(mlp_(ln2_(h)), dropout_, training));
-  }
-  std::vector<Var<B>> parameters() const {
-    std::vector<Var<B>> p = ln1_.parameters();
-    for (auto& v : attn_.parameters()) p.push_back(v);
-    for (auto& v : ln2_.parameters()) p.push_back(v);
-    for (auto& v : mlp_.parameters()) p.push_back(v);
-    return p;
   }
 
  private:

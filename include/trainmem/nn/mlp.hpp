@@ -1,4 +1,6 @@
 // trainmem/nn/mlp.hpp — the transformer MLP block: Linear -> GELU -> Linear.
+//
+// Submodules "up" [dim -> hidden] and "down" [hidden -> dim] (nn::Module).
 #pragma once
 
 #include <string>
@@ -10,16 +12,16 @@
 namespace trainmem::nn {
 
 template <class B>
-class Mlp {
+class Mlp : public Module<B> {
  public:
   Mlp(std::int64_t dim, std::int64_t hidden, Init& init, DType dtype = DType::F32, std::string name = "mlp")
-      : up_(dim, hidden, init, true, dtype, name + ".up"), down_(hidden, dim, init, true, dtype, name + ".down") {}
-  Var<B> operator()(const Var<B>& x) const { return down_(gelu(up_(x))); }
-  std::vector<Var<B>> parameters() const {
-    auto p = up_.parameters();
-    for (auto& v : down_.parameters()) p.push_back(v);
-    return p;
+      : Module<B>("Mlp", name),
+        up_(dim, hidden, init, true, dtype, name + ".up"),
+        down_(hidden, dim, init, true, dtype, name + ".down") {
+    this->register_module("up", up_);
+    this->register_module("down", down_);
   }
+  Var<B> operator()(const Var<B>& x) const { return down_(gelu(up_(x))); }
 
  private:
   Linear<B> up_, down_;

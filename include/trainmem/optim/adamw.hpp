@@ -4,8 +4,11 @@
 // the device and multiplied by [beta1, beta2] only when the step applies, so a step
 // the loss scaler cancels on the device leaves t where it was (NOTE [Steps a device
 // can cancel] in optimizer.hpp). The powers are f64, as exact as the host's pow.
+// state() saves m as "first_moment", v as "second_moment", the powers as "step_state".
 #pragma once
 
+#include <map>
+#include <string>
 #include <utility>
 
 #include "trainmem/core/math.hpp"
@@ -43,14 +46,28 @@ template <class B>
 class AdamW : public Optimizer<B> {
  public:
   AdamW(std::vector<Var<B>> params, AdamWOptions options) : Optimizer<B>(std::move(params)), options_(options) {
-    detail::check(options.lr >= 0 && options.eps > 0 && options.weight_decay >= 0, "AdamW: lr >= 0, eps > 0 and "
-                  "weight_decay >= 0 are required");
-    detail::check(options.beta1 >= 0 && options.beta1 < 1 && options.beta2 >= 0 && options.beta2 < 1,
-                  "AdamW: betas must be in [0, 1), got ", options.beta1, ", ", options.beta2);
+    validate(options, "AdamW");
   }
   AdamWOptions& options() { return options_; }
 
  protected:
+  std::int64_t step_state_size() const override { return 2; }  // [beta1^t, beta2^t]
+  std::map<std::string, double> options_map() const override {
+    return {{"lr", options_.lr},
+            {"beta1", options_.beta1},
+            {"beta2", options_.beta2},
+            {"eps", options_.eps},
+            {"weight_decay", options_.weight_decay}};
+  }
+  void check_options_map(const std::map<std::string, double>& options) const override {
+    validate(from_map(options), "AdamW::load_state");
+  }
+  void load_options_map(const std::map<std::string, double>& options) override {
+    options_ = from_map(options);
+    factor_step_ = -1;  // the cached [beta1, beta2] factor belongs to the old step count
+    betas_for_ = {-1.0, -1.0};
+  }
+
   void update(ParamGroupEntry<B>& e, const Tensor<B>& target, const Tensor<B>& grad, double grad_scale,
               const StepControl<B>& control) override {
     B& backend = target.backend();
@@ -65,6 +82,16 @@ class AdamW : public Optimizer<B> {
   }
 
  private:
+  static void validate(const AdamWOptions& options, const char* who) {
+    detail::check(options.lr >= 0 && options.eps > 0 && options.weight_decay >= 0, who, ": lr >= 0, eps > 0 and "
+                  "weight_decay >= 0 are required");
+    detail::check(options.beta1 >= 0 && options.beta1 < 1 && options.beta2 >= 0 && options.beta2 < 1, who,
+                  ": betas must be in [0, 1), got ", options.beta1, ", ", options.beta2);
+  }
+  static AdamWOptions from_map(const std::map<std::string, double>& m) {
+    return {m.at("lr"), m.at("beta1"), m.at("beta2"), m.at("eps"), m.at("weight_decay")};
+  }
+
   /// [beta1, beta2] when the step applies, [1, 1] when it is cancelled: 1 + applies (beta - 1).
   /// Made once per step (the first parameter asks), without a host read.
   const Tensor<B>& power_factor(B& backend) {

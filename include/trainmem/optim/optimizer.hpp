@@ -16,9 +16,17 @@
 // first-momentum-step test from a per-parameter step count, each advanced by a tiny
 // kernel by (1 - found_inf). Only the host counters `steps()` and `entry.steps` count
 // launched passes, including those a device-side skip cancelled.
+//
+// `state()` / `load_state()` carry all of it across a restart, keyed by parameter name:
+// the moments, the device step state (bias corrections), the step counts, the
+// stochastic-rounding stream and the options. Masters are MasterWeights' state.
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <map>
+#include <set>
+#include <string>
 #include <vector>
 
 #include "trainmem/amp/stochastic_rounding.hpp"
@@ -26,6 +34,7 @@
 #include "trainmem/autograd/var.hpp"
 #include "trainmem/core/math.hpp"
 #include "trainmem/core/rng.hpp"
+#include "trainmem/state/state_dict.hpp"
 
 namespace trainmem {
 
@@ -118,6 +127,72 @@ class Optimizer {
   /// Steps launched (with step(StepControl), including those found_inf cancelled).
   std::int64_t steps() const { return steps_; }
 
+  /// Everything a resumed run needs from this optimizer, keyed by parameter name
+  /// ("params.<name>.first_moment", ".second_moment", ".step_state", ".steps"), plus
+  /// "steps", "copy_rounding.*" and "options.*". The parameters' names must be unique.
+  StateDict state() const {
+    names_or_throw("state");
+    StateDict out;
+    out.set_i64("steps", steps_);
+    out.set_i64("copy_rounding.mode", static_cast<std::int64_t>(rounding_mode_));
+    out.set_u64("copy_rounding.seed", rounding_rng_.state().seed);
+    out.set_u64("copy_rounding.offset", rounding_rng_.state().offset);
+    for (const auto& [key, value] : options_map()) out.set_f64("options." + key, value);
+    for (const auto& e : entries_) {
+      const std::string p = "params." + e.param.name() + ".";
+      out.set_i64(p + "steps", e.steps);
+      if (e.state1.defined()) out.set(p + moment_names()[0], e.state1);
+      if (e.state2.defined()) out.set(p + moment_names()[1], e.state2);
+      if (e.step_state.defined()) out.set(p + "step_state", e.step_state);
+    }
+    return out;
+  }
+  /// Throws (naming every missing or extra entry, shape and dtype) unless `state` fits
+  /// these parameters and holds valid options; modifies nothing.
+  void check_state(const StateDict& state) const {
+    names_or_throw("load_state");
+    std::map<std::string, ExpectedEntry> expected = {
+        {"steps", {StateType::I64, Shape{}}},
+        {"copy_rounding.mode", {StateType::I64, Shape{}}},
+        {"copy_rounding.seed", {StateType::U64, Shape{}}},
+        {"copy_rounding.offset", {StateType::U64, Shape{}}}};
+    for (const auto& [key, value] : options_map()) expected["options." + key] = {StateType::F64, Shape{}};
+    for (const auto& e : entries_) {
+      const std::string p = "params." + e.param.name() + ".";
+      const Tensor<B>& target = e.master.defined() ? e.master : e.param.value();
+      expected[p + "steps"] = {StateType::I64, Shape{}};
+      // Moments and step state exist once a parameter has been stepped: optional, but
+      // when present they must fit.
+      for (const std::string& m : {std::string(moment_names()[0]), std::string(moment_names()[1])})
+        if (state.contains(p + m)) expected[p + m] = {state_type_of(target.dtype()), target.shape()};
+      if (state.contains(p + "step_state")) expected[p + "step_state"] = {StateType::F64, Shape{step_state_size()}};
+    }
+    check_layout(state, expected, "optimizer::load_state");
+    const std::int64_t mode = state.get_i64("copy_rounding.mode");
+    detail::check(mode == static_cast<std::int64_t>(amp::RoundingMode::NearestEven) ||
+                      mode == static_cast<std::int64_t>(amp::RoundingMode::Stochastic),
+                  "optimizer::load_state: copy_rounding.mode ", mode, " is not a rounding mode");
+    detail::check(state.get_i64("steps") >= 0, "optimizer::load_state: steps must be >= 0");
+    check_options_map(options_from(state));
+  }
+  /// Restores a state() (after check_state: on error nothing changes). Moments absent
+  /// from the state are dropped, as for a parameter never stepped.
+  void load_state(const StateDict& state) {
+    check_state(state);
+    for (auto& e : entries_) {
+      const std::string p = "params." + e.param.name() + ".";
+      const Tensor<B>& target = e.master.defined() ? e.master : e.param.value();
+      load_tensor(state, p + moment_names()[0], e.state1, target);
+      load_tensor(state, p + moment_names()[1], e.state2, target);
+      load_tensor(state, p + "step_state", e.step_state, target);
+      e.steps = state.get_i64(p + "steps");
+    }
+    steps_ = state.get_i64("steps");
+    rounding_mode_ = static_cast<amp::RoundingMode>(state.get_i64("copy_rounding.mode"));
+    rounding_rng_.set_state({state.get_u64("copy_rounding.seed"), state.get_u64("copy_rounding.offset")});
+    load_options_map(options_from(state));
+  }
+
   /// One update of every parameter with a gradient; grads are multiplied by grad_scale first.
   void step(double grad_scale = 1.0) { run_step(grad_scale, StepControl<B>{}); }
   /// One update that the device can cancel or unscale: see StepControl.
@@ -162,6 +237,16 @@ class Optimizer {
   virtual void update(ParamGroupEntry<B>& e, const Tensor<B>& target, const Tensor<B>& grad, double grad_scale,
                       const StepControl<B>& control) = 0;
 
+  // What state() saves of the derived optimizer: the names of state1 and state2, the
+  // length of the per-parameter step state, and the options as named numbers.
+  virtual std::array<const char*, 2> moment_names() const { return {"first_moment", "second_moment"}; }
+  virtual std::int64_t step_state_size() const = 0;
+  virtual std::map<std::string, double> options_map() const = 0;
+  /// Throws unless `options` (the keys options_map writes) are valid; changes nothing.
+  virtual void check_options_map(const std::map<std::string, double>& options) const = 0;
+  /// Sets the options (checked) and forgets anything cached from the old state.
+  virtual void load_options_map(const std::map<std::string, double>& options) = 0;
+
   std::vector<ParamGroupEntry<B>> entries_;
   std::int64_t steps_ = 0;
 
@@ -169,6 +254,35 @@ class Optimizer {
   static void check_scalar(const Tensor<B>& t, const char* what) {
     detail::check(t.numel() == 1 && t.dtype() == DType::F32, "optimizer::step: StepControl::", what,
                   " must be an f32 scalar, got ", t.shape(), " ", t.dtype());
+  }
+
+  /// Throws unless every parameter has a non-empty name no other one has (state keys).
+  void names_or_throw(const char* who) const {
+    std::set<std::string> seen;
+    for (const auto& e : entries_) {
+      detail::check(!e.param.name().empty(), "optimizer::", who, ": a parameter ", e.param.shape(),
+                    " has no name; state is keyed by name (register parameters in an nn::Module)");
+      detail::check(seen.insert(e.param.name()).second, "optimizer::", who, ": two parameters are named '",
+                    e.param.name(), "'; state is keyed by name (nn::Module gives unique hierarchical names)");
+    }
+  }
+  std::map<std::string, double> options_from(const StateDict& state) const {
+    std::map<std::string, double> options;
+    for (const auto& [key, value] : options_map()) options[key] = state.get_f64("options." + key);
+    return options;
+  }
+  /// Copies entry `name` into `tensor` (allocated like the entry when absent or of
+  /// another shape); drops `tensor` when the state has no such entry.
+  static void load_tensor(const StateDict& state, const std::string& name, Tensor<B>& tensor, const Tensor<B>& like) {
+    if (!state.contains(name)) {
+      tensor = Tensor<B>();
+      return;
+    }
+    const StateEntry& entry = state.at(name);
+    if (tensor.defined() && tensor.shape() == entry.shape && state_type_of(tensor.dtype()) == entry.type)
+      entry.copy_to(tensor);
+    else
+      tensor = entry.to_tensor(MemCategory::OptimizerState, like.backend());
   }
 
   void run_step(double grad_scale, const StepControl<B>& control) {

@@ -3,8 +3,13 @@
 // With momentum, the first step sets the buffer to the gradient and later steps
 // blend. Which step is the first is read on the device from a per-parameter count of
 // applied steps, so a step the loss scaler cancels on the device does not count
-// (NOTE [Steps a device can cancel] in optimizer.hpp).
+// (NOTE [Steps a device can cancel] in optimizer.hpp). state() saves the buffer as
+// "momentum_buffer" and the count as "step_state".
 #pragma once
+
+#include <array>
+#include <map>
+#include <string>
 
 #include "trainmem/core/math.hpp"
 #include "trainmem/optim/optimizer.hpp"
@@ -40,14 +45,25 @@ template <class B>
 class SGD : public Optimizer<B> {
  public:
   SGD(std::vector<Var<B>> params, SgdOptions options) : Optimizer<B>(std::move(params)), options_(options) {
-    detail::check(options.lr >= 0 && options.momentum >= 0 && options.weight_decay >= 0,
-                  "SGD: lr, momentum and weight_decay must be non-negative");
-    detail::check(!options.nesterov || (options.momentum > 0 && options.dampening == 0),
-                  "SGD: Nesterov momentum needs momentum > 0 and zero dampening");
+    validate(options, "SGD");
   }
   SgdOptions& options() { return options_; }
 
  protected:
+  std::array<const char*, 2> moment_names() const override { return {"momentum_buffer", "unused"}; }
+  std::int64_t step_state_size() const override { return 1; }  // [applied steps]
+  std::map<std::string, double> options_map() const override {
+    return {{"lr", options_.lr},
+            {"momentum", options_.momentum},
+            {"dampening", options_.dampening},
+            {"weight_decay", options_.weight_decay},
+            {"nesterov", options_.nesterov ? 1.0 : 0.0}};
+  }
+  void check_options_map(const std::map<std::string, double>& options) const override {
+    validate(from_map(options), "SGD::load_state");
+  }
+  void load_options_map(const std::map<std::string, double>& options) override { options_ = from_map(options); }
+
   void update(ParamGroupEntry<B>& e, const Tensor<B>& target, const Tensor<B>& grad, double grad_scale,
               const StepControl<B>& control) override {
     const math::SgdUpdate update{options_.lr,     options_.momentum, options_.dampening, options_.weight_decay,
@@ -64,6 +80,16 @@ class SGD : public Optimizer<B> {
   }
 
  private:
+  static void validate(const SgdOptions& options, const char* who) {
+    detail::check(options.lr >= 0 && options.momentum >= 0 && options.weight_decay >= 0, who,
+                  ": lr, momentum and weight_decay must be non-negative");
+    detail::check(!options.nesterov || (options.momentum > 0 && options.dampening == 0), who,
+                  ": Nesterov momentum needs momentum > 0 and zero dampening");
+  }
+  static SgdOptions from_map(const std::map<std::string, double>& m) {
+    return {m.at("lr"), m.at("momentum"), m.at("dampening"), m.at("weight_decay"), m.at("nesterov") != 0.0};
+  }
+
   SgdOptions options_;
 };
 
