@@ -52,7 +52,8 @@ class Module {
   Module& operator=(Module&&) noexcept = default;
 
   const std::string& type() const { return type_; }
-  /// The prefix of this module's parameter names (its path once a parent registered it).
+  /// The prefix this module gave its parameters when built or when its parent registered
+  /// it (a grandparent's registration renames the parameters, not this field).
   const std::string& name() const { return name_; }
 
   /// Every parameter, in registration order (submodules' in the order they were registered).
