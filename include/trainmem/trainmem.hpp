@@ -10,6 +10,7 @@
 #include "trainmem/core/tensor.hpp"
 
 #include "trainmem/backend/cpu/backend.hpp"
+#include "trainmem/backend/cpu/threads.hpp"
 
 #include "trainmem/autograd/grad_mode.hpp"
 #include "trainmem/autograd/op_recorder.hpp"
@@ -41,6 +42,7 @@
 
 #include "trainmem/optim/adamw.hpp"
 #include "trainmem/optim/clip_grad_norm.hpp"
+#include "trainmem/optim/lr_schedule.hpp"
 #include "trainmem/optim/sgd.hpp"
 
 #include "trainmem/checkpoint/policy.hpp"

@@ -95,20 +95,41 @@ TEST_CASE("Half from float: ties round to nearest even", "[core][half]") {
 TEST_CASE("Half from float: every midpoint between neighbours rounds to the even one", "[core][half]") {
   // Exhaustive over all finite positive halves h and h+1 (and their negatives): the
   // float halfway between them is exact, rounds to whichever pattern is even, and the
-  // floats just beside it round to the nearer neighbour.
+  // floats just beside it round to the nearer neighbour. Checked for the conversion in
+  // use (F16C where compiled for it) and for the integer formula behind it.
+  for (auto from_float : {&Half::from_float, &Half::from_float_formula}) {
+    int mismatches = 0;
+    for (std::uint32_t h = 0; h < 0x7BFF + 1; ++h) {
+      const double low = decode_half(static_cast<std::uint16_t>(h));
+      const double high = h == 0x7BFF ? 65536.0 : decode_half(static_cast<std::uint16_t>(h + 1));
+      const float mid = static_cast<float>((low + high) / 2);
+      if (static_cast<double>(mid) != (low + high) / 2) ++mismatches;  // the midpoint must be a float
+      const std::uint16_t even = (h & 1u) ? static_cast<std::uint16_t>(h + 1) : static_cast<std::uint16_t>(h);
+      const std::uint16_t up = static_cast<std::uint16_t>(h + 1);  // 0x7C00 (inf) above the largest finite
+      if (from_float(mid) != even) ++mismatches;
+      if (from_float(-mid) != (even | 0x8000u)) ++mismatches;
+      if (from_float(std::nextafter(mid, 0.0f)) != h) ++mismatches;
+      if (from_float(std::nextafter(mid, 1e30f)) != up) ++mismatches;
+      if (from_float(static_cast<float>(low)) != h) ++mismatches;
+    }
+    CHECK(mismatches == 0);
+  }
+}
+
+TEST_CASE("Half: the conversion in use gives the formula's bits on a sweep of all exponents", "[core][half]") {
+  // Every sign, exponent and top mantissa bits, with the low 13 bits (those a rounding
+  // to half drops) set to the patterns that decide a rounding: none, below, at and
+  // above the midpoint, all ones. NaN payloads and subnormal results included.
   int mismatches = 0;
-  for (std::uint32_t h = 0; h < 0x7BFF + 1; ++h) {
-    const double low = decode_half(static_cast<std::uint16_t>(h));
-    const double high = h == 0x7BFF ? 65536.0 : decode_half(static_cast<std::uint16_t>(h + 1));
-    const float mid = static_cast<float>((low + high) / 2);
-    if (static_cast<double>(mid) != (low + high) / 2) ++mismatches;  // the midpoint must be a float
-    const std::uint16_t even = (h & 1u) ? static_cast<std::uint16_t>(h + 1) : static_cast<std::uint16_t>(h);
-    const std::uint16_t up = static_cast<std::uint16_t>(h + 1);  // 0x7C00 (inf) above the largest finite
-    if (Half::from_float(mid) != even) ++mismatches;
-    if (Half::from_float(-mid) != (even | 0x8000u)) ++mismatches;
-    if (Half::from_float(std::nextafter(mid, 0.0f)) != h) ++mismatches;
-    if (Half::from_float(std::nextafter(mid, 1e30f)) != up) ++mismatches;
-    if (Half::from_float(static_cast<float>(low)) != h) ++mismatches;
+  for (std::uint32_t high = 0; high < (1u << 19); ++high) {
+    for (std::uint32_t low : {0x0000u, 0x0001u, 0x0fffu, 0x1000u, 0x1001u, 0x1fffu}) {
+      const float value = from_bits((high << 13) | low);
+      if (Half::from_float(value) != Half::from_float_formula(value)) ++mismatches;
+    }
+  }
+  for (std::uint32_t pattern = 0; pattern <= 0xFFFF; ++pattern) {
+    const auto h = static_cast<std::uint16_t>(pattern);
+    if (bits_of(Half::to_float(h)) != bits_of(Half::to_float_formula(h))) ++mismatches;
   }
   CHECK(mismatches == 0);
 }
