@@ -1,4 +1,4 @@
-// trainmem/backend/cpu/backend.hpp — the CPU backend: Eigen GEMM, OpenMP loops.
+// trainmem/backend/cpu/backend.hpp — the CPU backend: Eigen or oneDNN GEMM, OpenMP loops.
 //
 // A Backend is a compile-time policy: Tensor<Backend>, Tape<Backend>. It owns the
 // tracked allocator (and so the MemoryStats; GEMM workspaces come from it too), and the kernels, each
@@ -50,20 +50,16 @@ class Backend {
   void synchronize() {}
 
   // --- kernels ---------------------------------------------------------------------
-  /// C = alpha op(A) op(B) + beta C. A and B share a dtype; f64 only with f64.
-  void gemm(const GemmArgs& args, const TensorT& a, const TensorT& b, const TensorT& c) {
-    if (a.dtype() == DType::F64) {
-      detail::gemm<double, double>(args, a.data_as<const double>(), b.data_as<const double>(), c.data_as<double>(),
-                                   allocator_);
-      return;
-    }
+  /// C = alpha op(A) op(B) + beta C (+ bias, a row of n in C's dtype, added before C is
+  /// rounded). A and B share a dtype; f64 only with f64. Path: NOTE [CPU GEMM path].
+  void gemm(const GemmArgs& args, const TensorT& a, const TensorT& b, const TensorT& c,
+            const TensorT* bias = nullptr) {
     visit_floating(a.dtype(), "gemm", [&]<class TA>() {
-      if constexpr (!std::is_same_v<TA, double>) {
-        visit_floating(c.dtype(), "gemm", [&]<class TC>() {
-          if constexpr (!std::is_same_v<TC, double>)
-            detail::gemm<TA, TC>(args, a.data_as<const TA>(), b.data_as<const TA>(), c.data_as<TC>(), allocator_);
-        });
-      }
+      visit_floating(c.dtype(), "gemm", [&]<class TC>() {
+        if constexpr (std::is_same_v<TA, double> == std::is_same_v<TC, double>)
+          detail::gemm<TA, TC>(args, a.data_as<const TA>(), b.data_as<const TA>(), c.data_as<TC>(), allocator_,
+                               bias ? bias->data_as<const TC>() : nullptr);
+      });
     });
   }
 
