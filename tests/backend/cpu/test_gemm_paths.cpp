@@ -6,10 +6,14 @@
 // values actually stored and adds beta C and the bias in F64; what is left is the
 // GEMM's own error: FP32 accumulation over k terms, k 2^-24 sum|alpha a b| (plus one
 // FP32 rounding for each of beta C and the bias), and one rounding of C to its storage
-// dtype, 2^-p |ref| for p significand bits.
+// dtype, 2^-p |ref| for p significand bits. With GELU (tanh form) after the bias, the
+// pre-activation error grows by at most GELU's slope (< 1.13) and the FP32 GELU itself adds
+// a few 1e-7 relative.
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "reference.hpp"
@@ -55,11 +59,13 @@ const char* path_name(cpu::GemmPath path) {
 }
 
 /// The path that a GEMM with these dtypes takes now.
-const char* taken_path(const GemmArgs& g, DType ab, DType c, bool with_bias) {
+const char* taken_path(const GemmArgs& g, DType ab, DType c, bool with_bias, bool gelu = false) {
   return visit_floating(ab, "test", [&]<class TA>() -> const char* {
     return visit_floating(c, "test", [&]<class TC>() -> const char* {
+      using Acc = AccumulatorOf<TA>;
+      const Acc row[1] = {};  // only whether there is a bias matters
       if constexpr (std::is_same_v<TA, double> != std::is_same_v<TC, double>) return "none";
-      else return cpu::detail::gemm_path_name<TA, TC>(g, with_bias);
+      else return cpu::detail::gemm_path_name<TA, TC>(g, cpu::detail::Epilogue<Acc>{with_bias ? row : nullptr, gelu});
     });
   });
 }
@@ -68,7 +74,11 @@ struct Case {
   GemmArgs g;
   DType ab, c;
   bool bias;
+  bool gelu = false;
+  std::optional<DType> bias_dtype;  // none: C's dtype
 };
+
+double gelu_tanh(double x) { return 0.5 * x * (1.0 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))); }
 
 /// Runs the case on backend and returns (elements outside the bound, worst error/bound).
 std::pair<std::int64_t, double> run_case(const Case& cs, B& backend) {
@@ -78,9 +88,11 @@ std::pair<std::int64_t, double> run_case(const Case& cs, B& backend) {
   const T a = testing::random_tensor(Shape{a_entries * a_size}, 200, -1, 1, cs.ab, backend);
   const T b = testing::random_tensor(Shape{b_entries * b_size}, 201, -1, 1, cs.ab, backend);
   const T c = testing::random_tensor(Shape{g.batch * g.m * g.n}, 202, -1, 1, cs.c, backend);
-  const T bias = testing::random_tensor(Shape{g.n}, 203, -1, 1, cs.c, backend);
+  const T bias = testing::random_tensor(Shape{g.n}, 203, -1, 1,
+                                        cs.bias_dtype.value_or(cs.c), backend);
   const auto av = a.to_host<double>(), bv = b.to_host<double>(), c0 = c.to_host<double>(), biasv = bias.to_host<double>();
-  backend.gemm(g, a, b, c, cs.bias ? &bias : nullptr);
+  if (cs.bias) backend.gemm_bias(g, a, b, bias, c, cs.gelu);
+  else backend.gemm(g, a, b, c);
   const auto got = c.to_host<double>();
 
   // The reference wants every entry's A and B laid out contiguously.
@@ -97,9 +109,12 @@ std::pair<std::int64_t, double> run_case(const Case& cs, B& backend) {
   double worst = 0;
   for (std::size_t i = 0; i < got.size(); ++i) {
     const double b_term = cs.bias ? biasv[i % static_cast<std::size_t>(g.n)] : 0.0;
-    const double ref = g.alpha * ab[i] + g.beta * c0[i] + b_term;
+    const double pre = g.alpha * ab[i] + g.beta * c0[i] + b_term;
+    const double ref = cs.gelu ? gelu_tanh(pre) : pre;
     const double scale = std::abs(g.alpha) * abs_ab[i] + std::abs(g.beta * c0[i]) + std::abs(b_term);
-    const double bound = unit_roundoff(cs.c) * std::abs(ref) + static_cast<double>(g.k + 2) * u_acc * scale;
+    const double accumulation = static_cast<double>(g.k + 2) * u_acc * scale;
+    const double bound = unit_roundoff(cs.c) * std::abs(ref) +
+                         (cs.gelu ? 1.13 * accumulation + 2e-6 * std::abs(pre) + 1e-7 : accumulation);
     const double error = std::abs(got[i] - ref);
     if (!(error <= bound)) ++outside;
     worst = std::max(worst, bound > 0 ? error / bound : (error > 0 ? INFINITY : 0.0));
@@ -138,6 +153,30 @@ TEST_CASE("every CPU GEMM path matches F64: dtypes, transposes, alpha, beta, bia
     CHECK(std::string(taken) == (cs.ab == DType::F32 || cs.ab == DType::F64 ? "eigen" : "widen"));
   // oneDNN multiplies F32 on every x86-64 CPU, so forcing it must take it there.
   if (path == cpu::GemmPath::OneDnn && cs.ab == DType::F32) CHECK(std::string(taken) == "onednn");
+}
+
+TEST_CASE("every CPU GEMM path fuses bias (any dtype) and GELU before C's one rounding", "[backend][cpu][gemm]") {
+  const cpu::GemmPath path = GENERATE(from_range(paths()));
+  const DType dtype = GENERATE(DType::F32, DType::BF16, DType::F16, DType::F64);
+  const DType bias_dtype = GENERATE(DType::F32, DType::BF16, DType::F64);
+  const bool gelu = GENERATE(false, true);
+  const double alpha = GENERATE(1.0, -0.5);
+  const ForcedPath forced(path);
+  Case cs{GemmArgs{}, dtype, dtype, true, gelu, bias_dtype};
+  cs.g.m = 70;
+  cs.g.n = 33;
+  cs.g.k = 45;
+  cs.g.trans_b = true;  // linear's layout: y = x W^T + b
+  cs.g.alpha = alpha;
+  cs.g.beta = 0.25;
+  B backend;
+  const char* taken = taken_path(cs.g, dtype, dtype, true, gelu);
+  INFO("forced " << path_name(path) << ", took " << taken << "; " << dtype << " bias " << bias_dtype << " gelu "
+                 << gelu << " alpha " << alpha);
+  const auto [outside, worst] = run_case(cs, backend);
+  INFO("outside bound: " << outside << ", worst error/bound " << worst);
+  CHECK(outside == 0);
+  if (path == cpu::GemmPath::OneDnn && dtype == DType::F32) CHECK(std::string(taken) == "onednn");
 }
 
 TEST_CASE("every CPU GEMM path matches F64 on batches: strided and shared operands", "[backend][cpu][gemm]") {

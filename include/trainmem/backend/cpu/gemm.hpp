@@ -5,7 +5,7 @@
 // for f64) GEMM, which 16-bit operands reach widened to F32 ("widen"); they are never
 // multiplied by Eigen's emulated half/bfloat16 GEMM (10-300x slower, and it accumulates
 // in 16 bits). Both add an optional bias row to the FP32 result before its one rounding
-// to C's storage dtype.
+// to C's storage dtype, and GELU after it where asked (gemm_epilogue.hpp).
 //
 // On the Eigen path the rows of C, batch entries stacked, are split evenly over the
 // threads and each thread runs Eigen single-threaded on its own rows, so after B is
@@ -33,6 +33,7 @@
 
 #include "trainmem/backend/cpu/allocator.hpp"
 #include "trainmem/backend/cpu/convert.hpp"
+#include "trainmem/backend/cpu/gemm_epilogue.hpp"
 #include "trainmem/backend/cpu/onednn_gemm.hpp"
 #include "trainmem/backend/cpu/workspace.hpp"
 #include "trainmem/core/gemm_args.hpp"
@@ -106,19 +107,11 @@ inline int gemm_thread_id() {
 #endif
 }
 
-/// Adds the bias row (n entries) to each of rows rows of a row-major accumulator block.
-template <class Acc, class TC>
-void add_bias_rows(Acc* block, std::int64_t ld, std::int64_t rows, std::int64_t n, const TC* bias) {
-  for (std::int64_t r = 0; r < rows; ++r) {
-    Acc* row = block + r * ld;
-    for (std::int64_t j = 0; j < n; ++j) row[j] += static_cast<Acc>(bias[j]);
-  }
-}
-
-/// The Eigen path for storage types TA (A and B) and TC (C, and the optional bias row),
-/// accumulating in AccumulatorOf<TA>: 16-bit operands widened, C rounded once.
+/// The Eigen path for storage types TA (A and B) and TC (C), accumulating in
+/// AccumulatorOf<TA>: 16-bit operands widened, the epilogue applied in FP32, C rounded once.
 template <class TA, class TC>
-void eigen_path_gemm(const GemmArgs& g, const TA* a, const TA* b, TC* c, const TC* bias, Allocator& allocator) {
+void eigen_path_gemm(const GemmArgs& g, const TA* a, const TA* b, TC* c, const Epilogue<AccumulatorOf<TA>>& epilogue,
+                     Allocator& allocator) {
   using Acc = AccumulatorOf<TA>;
   static_assert(std::is_same_v<Acc, AccumulatorOf<TC>>, "f64 GEMM takes and gives f64 only");
   constexpr bool widen_ab = !std::is_same_v<TA, Acc>;
@@ -167,13 +160,13 @@ void eigen_path_gemm(const GemmArgs& g, const TA* a, const TA* b, TC* c, const T
       if constexpr (widen_c) {
         if (g.beta != 0.0) widen_block(C + row * g.ldc(), g.ldc(), rows, g.n, c_slot);
         eigen_gemm<Acc>(A_block, lda, g.trans_a, B, ldb, g.trans_b, c_slot, g.n, rows, g.n, g.k, alpha, beta);
-        if (bias) add_bias_rows(c_slot, g.n, rows, g.n, bias);
+        apply_epilogue(epilogue, c_slot, g.n, rows, g.n);
         for (std::int64_t r = 0; r < rows; ++r)
           narrow_from_float(c_slot + r * g.n, C + (row + r) * g.ldc(), static_cast<std::size_t>(g.n));
       } else {
         eigen_gemm<Acc>(A_block, lda, g.trans_a, B, ldb, g.trans_b, C + row * g.ldc(), g.ldc(), rows, g.n, g.k,
                         alpha, beta);
-        if (bias) add_bias_rows(C + row * g.ldc(), g.ldc(), rows, g.n, bias);
+        apply_epilogue(epilogue, C + row * g.ldc(), g.ldc(), rows, g.n);
       }
     }
   };
@@ -266,17 +259,17 @@ namespace detail {
 
 /// The path a GEMM with these storage types takes (never Auto).
 template <class TA, class TC>
-GemmPath gemm_path(const GemmArgs& g, bool with_bias) {
+GemmPath gemm_path(const GemmArgs& g, const Epilogue<AccumulatorOf<TA>>& epilogue = {}) {
   if constexpr (std::is_same_v<TA, double>) {
     return GemmPath::Eigen;
   } else {
     switch (forced_gemm_path()) {
       case GemmPath::Eigen: return GemmPath::Eigen;
-      case GemmPath::OneDnn: return onednn_can_gemm<TA, TC>(g, with_bias) ? GemmPath::OneDnn : GemmPath::Eigen;
+      case GemmPath::OneDnn: return onednn_can_gemm<TA, TC>(g, epilogue) ? GemmPath::OneDnn : GemmPath::Eigen;
       default: break;
     }
     if constexpr (!std::is_same_v<TA, float>) {
-      if (onednn_has_amx() && onednn_can_gemm<TA, TC>(g, with_bias)) return GemmPath::OneDnn;
+      if (onednn_has_amx() && onednn_can_gemm<TA, TC>(g, epilogue)) return GemmPath::OneDnn;
     }
     return GemmPath::Eigen;
   }
@@ -284,19 +277,20 @@ GemmPath gemm_path(const GemmArgs& g, bool with_bias) {
 
 /// "onednn", "eigen" (F32/F64 operands to Eigen) or "widen" (16-bit operands widened for Eigen).
 template <class TA, class TC>
-const char* gemm_path_name(const GemmArgs& g, bool with_bias = false) {
-  if (gemm_path<TA, TC>(g, with_bias) == GemmPath::OneDnn) return "onednn";
+const char* gemm_path_name(const GemmArgs& g, const Epilogue<AccumulatorOf<TA>>& epilogue = {}) {
+  if (gemm_path<TA, TC>(g, epilogue) == GemmPath::OneDnn) return "onednn";
   return std::is_same_v<TA, float> || std::is_same_v<TA, double> ? "eigen" : "widen";
 }
 
-/// C = alpha op(A) op(B) + beta C (+ bias, one row of n in C's dtype, added in FP32 before
-/// C is rounded), for storage types TA (A and B) and TC (C), accumulating in AccumulatorOf<TA>.
+/// C = act(alpha op(A) op(B) + beta C + bias) (gemm_epilogue.hpp) for storage types TA (A
+/// and B) and TC (C), accumulating in AccumulatorOf<TA>; C is rounded once, at the end.
 template <class TA, class TC>
-void gemm(const GemmArgs& g, const TA* a, const TA* b, TC* c, Allocator& allocator, const TC* bias = nullptr) {
+void gemm(const GemmArgs& g, const TA* a, const TA* b, TC* c, Allocator& allocator,
+          const Epilogue<AccumulatorOf<TA>>& epilogue = {}) {
   if (g.batch <= 0 || g.m <= 0 || g.n <= 0) return;
-  if (gemm_path<TA, TC>(g, bias != nullptr) == GemmPath::OneDnn && onednn_gemm<TA, TC, TC>(g, a, b, c, bias, allocator))
+  if (gemm_path<TA, TC>(g, epilogue) == GemmPath::OneDnn && onednn_gemm<TA, TC>(g, a, b, c, epilogue, allocator))
     return;
-  eigen_path_gemm<TA, TC>(g, a, b, c, bias, allocator);
+  eigen_path_gemm<TA, TC>(g, a, b, c, epilogue, allocator);
 }
 
 }  // namespace detail

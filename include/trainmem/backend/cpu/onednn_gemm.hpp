@@ -20,6 +20,7 @@
 #include <cstdint>
 
 #include "trainmem/backend/cpu/allocator.hpp"
+#include "trainmem/backend/cpu/gemm_epilogue.hpp"
 #include "trainmem/backend/cpu/workspace.hpp"
 #include "trainmem/core/dtype.hpp"
 #include "trainmem/core/gemm_args.hpp"
@@ -75,11 +76,12 @@ constexpr dnnl::memory::data_type onednn_type() {
 
 /// Everything a matmul primitive is specialised for.
 struct OneDnnKey {
-  dnnl::memory::data_type ab, c, bias;  // bias undef: none
+  dnnl::memory::data_type ab, c;
+  bool bias, gelu;  // the epilogue (an F32 bias row)
   GemmArgs args;
   bool operator==(const OneDnnKey& o) const {
     const GemmArgs &x = args, &y = o.args;
-    return ab == o.ab && c == o.c && bias == o.bias && x.batch == y.batch && x.m == y.m && x.n == y.n &&
+    return ab == o.ab && c == o.c && bias == o.bias && gelu == o.gelu && x.batch == y.batch && x.m == y.m && x.n == y.n &&
            x.k == y.k && x.trans_a == y.trans_a && x.trans_b == y.trans_b && x.stride_a == y.stride_a &&
            x.stride_b == y.stride_b && x.stride_c == y.stride_c && x.alpha == y.alpha && x.beta == y.beta;
   }
@@ -91,7 +93,8 @@ struct OneDnnKeyHash {
     auto mix = [&](std::uint64_t v) { h = (h ^ v) * 1099511628211ull; };
     const GemmArgs& g = key.args;
     mix(static_cast<std::uint64_t>(key.ab) | static_cast<std::uint64_t>(key.c) << 8 |
-        static_cast<std::uint64_t>(key.bias) << 16 | std::uint64_t{g.trans_a} << 24 | std::uint64_t{g.trans_b} << 25);
+        std::uint64_t{key.bias} << 16 | std::uint64_t{key.gelu} << 17 | std::uint64_t{g.trans_a} << 18 |
+        std::uint64_t{g.trans_b} << 19);
     for (const std::int64_t v : {g.batch, g.m, g.n, g.k, g.stride_a, g.stride_b, g.stride_c})
       mix(static_cast<std::uint64_t>(v));
     std::uint64_t bits;
@@ -156,16 +159,17 @@ class OneDnnMatmuls {
       const auto c = operand(g.batch, g.stride_c, g.m, g.n, false, key.c);
       // oneDNN scales its own bias with alpha (dst = alpha (A B + bias)), so with alpha != 1
       // the bias is a binary post-op after the scaling instead.
-      const bool has_bias = key.bias != dt::undef, bias_post_op = has_bias && g.alpha != 1.0;
+      const bool has_bias = key.bias, bias_post_op = has_bias && g.alpha != 1.0;
       const auto bias = !has_bias      ? dnnl::memory::desc()
-                        : g.batch == 1 ? dnnl::memory::desc({1, g.n}, key.bias, {g.n, 1})
-                                       : dnnl::memory::desc({1, 1, g.n}, key.bias, {g.n, g.n, 1});
+                        : g.batch == 1 ? dnnl::memory::desc({1, g.n}, dt::f32, {g.n, 1})
+                                       : dnnl::memory::desc({1, 1, g.n}, dt::f32, {g.n, g.n, 1});
       dnnl::primitive_attr attr;
       attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
       if (g.alpha != 1.0) attr.set_output_scales(0, {static_cast<float>(g.alpha)});
       dnnl::post_ops ops;
       if (g.beta != 0.0) ops.append_sum(static_cast<float>(g.beta));
       if (bias_post_op) ops.append_binary(dnnl::algorithm::binary_add, bias);
+    if (key.gelu) ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_gelu_tanh, 0.0f, 0.0f);
       attr.set_post_ops(ops);
       dnnl::matmul::primitive_desc pd(
           dnnl::matmul::desc(a, b, has_bias && !bias_post_op ? bias : dnnl::memory::desc(), c), attr, engine_);
@@ -185,46 +189,51 @@ class OneDnnMatmuls {
   std::unordered_map<OneDnnKey, std::unique_ptr<OneDnnMatmul>, OneDnnKeyHash> cache_;
 };
 
-/// The primitive for C = alpha op(A) op(B) + beta C (+ bias) in these storage types, or null.
-template <class TA, class TC, class TBias>
-const OneDnnMatmul* onednn_matmul(const GemmArgs& g, bool with_bias) {
+/// The primitive for C = act(alpha op(A) op(B) + beta C + bias) in these storage types, or null.
+template <class TA, class TC>
+const OneDnnMatmul* onednn_matmul(const GemmArgs& g, const Epilogue<float>& epilogue) {
   if constexpr (onednn_type<TA>() == dnnl::memory::data_type::undef ||
                 onednn_type<TC>() == dnnl::memory::data_type::undef) {
     return nullptr;
   } else {
     if (g.k <= 0) return nullptr;  // C = beta C (+ bias): oneDNN wants a non-empty reduction
-    const OneDnnKey key{onednn_type<TA>(), onednn_type<TC>(),
-                        with_bias ? onednn_type<TBias>() : dnnl::memory::data_type::undef, g};
+    const OneDnnKey key{onednn_type<TA>(), onednn_type<TC>(), epilogue.bias != nullptr, epilogue.gelu, g};
     return OneDnnMatmuls::instance().find(key);
   }
 }
 
 /// Whether oneDNN has a kernel for this GEMM (dtypes, strides) on this CPU.
-template <class TA, class TC, class TBias = TC>
-bool onednn_can_gemm(const GemmArgs& g, bool with_bias = false) {
-  return onednn_matmul<TA, TC, TBias>(g, with_bias) != nullptr;
+template <class TA, class TC>
+bool onednn_can_gemm(const GemmArgs& g, const Epilogue<AccumulatorOf<TA>>& epilogue = {}) {
+  if constexpr (std::is_same_v<AccumulatorOf<TA>, float>) return onednn_matmul<TA, TC>(g, epilogue) != nullptr;
+  else return false;
 }
 
 /// Runs the GEMM through oneDNN; returns false (and does nothing) where it has no kernel.
-template <class TA, class TC, class TBias = TC>
-bool onednn_gemm(const GemmArgs& g, const TA* a, const TA* b, TC* c, const TBias* bias, Allocator& allocator) {
-  const OneDnnMatmul* matmul = onednn_matmul<TA, TC, TBias>(g, bias != nullptr);
-  if (!matmul) return false;
-  auto& matmuls = OneDnnMatmuls::instance();
-  const dnnl::matmul::primitive_desc& pd = matmul->pd;
-  auto memory = [&](const dnnl::memory::desc& desc, const void* data) {
-    return dnnl::memory(desc, matmuls.engine(), const_cast<void*>(data));
-  };
-  const dnnl::memory::desc scratch_desc = pd.scratchpad_desc();
-  const Workspace<unsigned char> scratch(allocator, scratch_desc.get_size());
-  std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, memory(pd.src_desc(), a)},
-                                             {DNNL_ARG_WEIGHTS, memory(pd.weights_desc(), b)},
-                                             {DNNL_ARG_DST, memory(pd.dst_desc(), c)},
-                                             {DNNL_ARG_SCRATCHPAD, memory(scratch_desc, scratch.get())}};
-  if (bias) args.emplace(matmul->bias_arg, memory(matmul->bias, bias));
-  matmul->primitive.execute(matmuls.stream(), args);
-  matmuls.stream().wait();
-  return true;
+template <class TA, class TC>
+bool onednn_gemm(const GemmArgs& g, const TA* a, const TA* b, TC* c, const Epilogue<AccumulatorOf<TA>>& epilogue,
+                 Allocator& allocator) {
+  if constexpr (!std::is_same_v<AccumulatorOf<TA>, float>) {
+    return false;
+  } else {
+    const OneDnnMatmul* matmul = onednn_matmul<TA, TC>(g, epilogue);
+    if (!matmul) return false;
+    auto& matmuls = OneDnnMatmuls::instance();
+    const dnnl::matmul::primitive_desc& pd = matmul->pd;
+    auto memory = [&](const dnnl::memory::desc& desc, const void* data) {
+      return dnnl::memory(desc, matmuls.engine(), const_cast<void*>(data));
+    };
+    const dnnl::memory::desc scratch_desc = pd.scratchpad_desc();
+    const Workspace<unsigned char> scratch(allocator, scratch_desc.get_size());
+    std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, memory(pd.src_desc(), a)},
+                                               {DNNL_ARG_WEIGHTS, memory(pd.weights_desc(), b)},
+                                               {DNNL_ARG_DST, memory(pd.dst_desc(), c)},
+                                               {DNNL_ARG_SCRATCHPAD, memory(scratch_desc, scratch.get())}};
+    if (epilogue.bias) args.emplace(matmul->bias_arg, memory(matmul->bias, epilogue.bias));
+    matmul->primitive.execute(matmuls.stream(), args);
+    matmuls.stream().wait();
+    return true;
+  }
 }
 
 #else  // no oneDNN
@@ -232,12 +241,12 @@ bool onednn_gemm(const GemmArgs& g, const TA* a, const TA* b, TC* c, const TBias
 inline constexpr bool kHaveOneDnn = false;
 inline bool onednn_has_amx() { return false; }
 inline const char* onednn_isa_name() { return "none"; }
-template <class TA, class TC, class TBias = TC>
-bool onednn_can_gemm(const GemmArgs&, bool = false) {
+template <class TA, class TC>
+bool onednn_can_gemm(const GemmArgs&, const Epilogue<AccumulatorOf<TA>>& = {}) {
   return false;
 }
-template <class TA, class TC, class TBias = TC>
-bool onednn_gemm(const GemmArgs&, const TA*, const TA*, TC*, const TBias*, Allocator&) {
+template <class TA, class TC>
+bool onednn_gemm(const GemmArgs&, const TA*, const TA*, TC*, const Epilogue<AccumulatorOf<TA>>&, Allocator&) {
   return false;
 }
 
