@@ -133,7 +133,7 @@ TEST_CASE("every CPU GEMM path matches F64: dtypes, transposes, alpha, beta, bia
   const bool with_bias = GENERATE(false, true);
   const auto [alpha, beta] = GENERATE(std::pair{1.0, 0.0}, std::pair{0.5, 1.0}, std::pair{1.0, -0.75});
   const ForcedPath forced(path);
-  Case cs{GemmArgs{}, dtypes.first, dtypes.second, with_bias};
+  Case cs{GemmArgs{}, dtypes.first, dtypes.second, with_bias, false, std::nullopt};
   cs.g.m = 300;  // over the widening path's 256-row block, so its tail runs too
   cs.g.n = 65;
   cs.g.k = 257;
@@ -186,7 +186,7 @@ TEST_CASE("every CPU GEMM path matches F64 on batches: strided and shared operan
                                                        std::pair{true, false});
   const bool ta = GENERATE(false, true), tb = GENERATE(false, true);
   const ForcedPath forced(path);
-  Case cs{GemmArgs{}, dtype, dtype, true};
+  Case cs{GemmArgs{}, dtype, dtype, true, false, std::nullopt};
   GemmArgs& g = cs.g;
   g.batch = 3;
   g.m = 37;
@@ -211,7 +211,7 @@ TEST_CASE("every CPU GEMM path gives C = beta C + bias for k = 0", "[backend][cp
   const DType dtype = GENERATE(DType::F32, DType::BF16);
   const double beta = GENERATE(0.0, 0.5);
   const ForcedPath forced(path);
-  Case cs{GemmArgs{}, dtype, dtype, true};
+  Case cs{GemmArgs{}, dtype, dtype, true, false, std::nullopt};
   cs.g.m = 5;
   cs.g.n = 7;
   cs.g.k = 0;
@@ -223,7 +223,7 @@ TEST_CASE("every CPU GEMM path gives C = beta C + bias for k = 0", "[backend][cp
   CHECK(outside == 0);
 }
 
-TEST_CASE("TRAINMEM_CPU_GEMM names a path; the 16-bit rule follows AMX", "[backend][cpu][gemm]") {
+TEST_CASE("TRAINMEM_CPU_GEMM names a path; the 16-bit rule follows AMX, the F32 rule the shape", "[backend][cpu][gemm]") {
   GemmArgs g;
   g.m = g.n = g.k = 64;
   const ForcedPath forced(cpu::GemmPath::Auto);
@@ -231,6 +231,14 @@ TEST_CASE("TRAINMEM_CPU_GEMM names a path; the 16-bit rule follows AMX", "[backe
   const bool onednn_bf16 = cpu::detail::onednn_has_amx() && cpu::detail::onednn_can_gemm<BFloat16, BFloat16>(g);
   CHECK(std::string(cpu::detail::gemm_path_name<BFloat16, BFloat16>(g)) == (onednn_bf16 ? "onednn" : "widen"));
   CHECK(std::string(cpu::detail::gemm_path_name<double, double>(g)) == "eigen");
+  // F32 goes to oneDNN only in the shape class where it measured faster.
+  CHECK(std::string(cpu::detail::gemm_path_name<float, float>(g)) == "eigen");
+  GemmArgs large;
+  large.m = large.n = large.k = cpu::kOneDnnF32MinDim;
+  CHECK(std::string(cpu::detail::gemm_path_name<float, float>(large)) ==
+        (cpu::detail::kHaveOneDnn ? "onednn" : "eigen"));
+  large.k = cpu::kOneDnnF32MinDim - 1;
+  CHECK(std::string(cpu::detail::gemm_path_name<float, float>(large)) == "eigen");
   cpu::force_gemm_path(cpu::GemmPath::Eigen);
   CHECK(std::string(cpu::detail::gemm_path_name<BFloat16, BFloat16>(g)) == "widen");
   CHECK(std::string(cpu::detail::gemm_path_name<float, float>(g)) == "eigen");

@@ -218,16 +218,21 @@ namespace trainmem::cpu {
 
 // NOTE [CPU GEMM path]
 // oneDNN multiplies 16-bit operands itself; whether that beats widening them for Eigen
-// depends on the CPU, not on the shape. Measured at 1024^3 and 512^3 on 2 threads:
-// with AMX, oneDNN's BF16 is 5-7x its F32; with AVX512-BF16 but no AMX (oneDNN's
-// avx512_core_bf16 kernels) it is ~0.6x its F32 and slower than widening, and oneDNN
-// 2.6 has no F16 kernel there at all. So 16-bit operands go to oneDNN exactly where
-// oneDNN reports AMX, else they are widened. F32 operands go to Eigen: oneDNN's F32
-// matmul measured within noise of trainmem's Eigen path (docs/mixed-precision.md), so
-// it is not worth a second code path for F32 by default. F64 always goes to Eigen.
+// depends on the CPU. With AMX, oneDNN's BF16 is 5-7x its F32 (measured at 512^3 and
+// 1024^3 on 2 threads); with AVX512-BF16 but no AMX (oneDNN's avx512_core_bf16 kernels)
+// it is ~0.6-0.7x F32 and slower than widening, and oneDNN 2.6 has no F16 kernel there.
+// So 16-bit operands go to oneDNN exactly where oneDNN reports AMX, else they are
+// widened. F32 operands go to oneDNN when m, n and k are all at least kOneDnnF32MinDim,
+// the shape class where its F32 kernel measured 1.1-1.3x Eigen's (here and on the AMX
+// machine; docs/mixed-precision.md); smaller and thinner products, which nobody measured
+// faster, stay with Eigen. F64 always goes to Eigen. The rule is one of ISA and shape,
+// not a run-time timing probe: a probe on a shared machine measures the neighbours.
 // TRAINMEM_CPU_GEMM=eigen (or widen) | onednn | auto forces a path for every dtype
-// (read once; force_gemm_path() changes it), so tests and benchmarks exercise each
-// path on any CPU; a forced oneDNN falls back to Eigen where oneDNN has no kernel.
+// (read once; force_gemm_path() changes it), so tests and benchmarks exercise each path
+// on any CPU; a forced oneDNN falls back to Eigen where oneDNN has no kernel.
+
+/// Smallest m, n and k that send an F32 GEMM to oneDNN (NOTE [CPU GEMM path]).
+inline constexpr std::int64_t kOneDnnF32MinDim = 512;
 
 /// \brief Which CPU GEMM path to take: the measured rule, or one path forced.
 enum class GemmPath { Auto, Eigen, OneDnn };
@@ -268,10 +273,10 @@ GemmPath gemm_path(const GemmArgs& g, const Epilogue<AccumulatorOf<TA>>& epilogu
       case GemmPath::OneDnn: return onednn_can_gemm<TA, TC>(g, epilogue) ? GemmPath::OneDnn : GemmPath::Eigen;
       default: break;
     }
-    if constexpr (!std::is_same_v<TA, float>) {
-      if (onednn_has_amx() && onednn_can_gemm<TA, TC>(g, epilogue)) return GemmPath::OneDnn;
-    }
-    return GemmPath::Eigen;
+    const bool onednn_wins = std::is_same_v<TA, float>
+                                 ? std::min({g.m, g.n, g.k}) >= kOneDnnF32MinDim
+                                 : onednn_has_amx();
+    return onednn_wins && onednn_can_gemm<TA, TC>(g, epilogue) ? GemmPath::OneDnn : GemmPath::Eigen;
   }
 }
 
