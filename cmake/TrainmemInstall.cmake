@@ -30,4 +30,5 @@ write_basic_package_version_file(
   COMPATIBILITY SameMajorVersion
   ARCH_INDEPENDENT)
 install(FILES "${PROJECT_BINARY_DIR}/trainmemConfig.cmake" "${PROJECT_BINARY_DIR}/trainmemConfigVersion.cmake"
+              "${CMAKE_CURRENT_LIST_DIR}/TrainmemOneDNN.cmake"
         DESTINATION "${TRAINMEM_INSTALL_CMAKEDIR}")

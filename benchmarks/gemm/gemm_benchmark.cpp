@@ -1,12 +1,16 @@
 // benchmarks/gemm/gemm_benchmark.cpp — GFLOP/s of C = A·B on the CPU backend, by storage dtype.
 //
 // Shapes are M×N×K: A is M×K, B is K×N, C is M×N, all row-major; 8192×768×768 is a
-// linear layer over 8192 tokens of width 768. Rows compare trainmem's F32 GEMM (Eigen
-// F32, rows split over the threads) with BF16 and F16 storage through
-// cpu::Backend::gemm (operands widened to F32, F32 accumulation, C in the same 16-bit
-// dtype), with a plain Eigen F32 product (Eigen's own parallel GEMM), and with Eigen's
-// own bfloat16/half GEMM (which accumulates in 16 bits; half is not timed at
-// 8192×768×768 unless asked: ~30 s a rep).
+// linear layer over 8192 tokens of width 768. Rows compare, for F32, BF16 and F16
+// storage through cpu::Backend::gemm (F32 accumulation, C in the same dtype), the path
+// trainmem picks on this CPU ("trainmem", its path named in the path column) with each
+// path forced (NOTE [CPU GEMM path] in backend/cpu/gemm.hpp): "trainmem/eigen" (Eigen
+// F32, rows split over the threads; 16-bit operands widened to F32) and
+// "trainmem/onednn" (oneDNN's matmul, 16-bit operands multiplied directly; absent where
+// oneDNN has no kernel for the dtype or trainmem was built without it). Also a plain
+// Eigen F32 product (Eigen's own parallel GEMM) and Eigen's own bfloat16/half GEMM
+// (which accumulates in 16 bits; half is not timed at 8192×768×768 unless asked: ~30 s
+// a rep). The header line names oneDNN's effective ISA (AMX or not).
 //
 // The machine may be shared, so the F32/BF16/F16 rows are timed round-robin, one rep
 // of each in turn: load from other processes hits them alike, and the bf16/f32 and
@@ -20,7 +24,7 @@
 // accumulation has no useful worst-case bound, so it gets the probabilistic
 // u_out + 4·sqrt(K)·u_storage. A result over its tolerance fails the run (exit 1).
 // `--check` instead verifies every transpose, dtype, beta and batch-stride combination
-// of cpu::Backend::gemm against an F64 loop.
+// of cpu::Backend::gemm against an F64 loop, on every path.
 
 #if defined(_OPENMP)
 #include <omp.h>
@@ -121,7 +125,7 @@ double seconds_of(const std::function<void()>& fn) {
 struct Row {
   Shape3 shape;
   tm::DType dtype;
-  std::string impl;
+  std::string impl, path;
   double median_ms = 0, min_ms = 0, max_ms = 0, gflops = 0, ratio = 0, best_ratio = 0, error = 0, tolerance = 0;
   int reps = 0;
 };
@@ -129,7 +133,7 @@ struct Row {
 // One GEMM under test: `run` computes C = A·B, `a`, `b`, `c` expose the stored values.
 struct Case {
   tm::DType dtype;
-  std::string impl;
+  std::string impl, path;
   std::function<void()> run;
   const void *a, *b, *c;
   bool accumulates_in_f32;
@@ -164,16 +168,37 @@ std::vector<Row> bench_shape(const Shape3& s, int reps, int warmup, bool native_
   args.n = s.n;
   args.k = s.k;
 
+  // The path a GEMM of this dtype takes with `path` forced (GemmPath::Auto: trainmem's rule).
+  auto path_taken = [&](tm::DType dtype, tm::cpu::GemmPath path) {
+    tm::cpu::force_gemm_path(path);
+    std::string name = tm::visit_floating(dtype, "gemm", [&]<class T>() {
+      return std::string(tm::cpu::detail::gemm_path_name<T, T>(args));
+    });
+    tm::cpu::force_gemm_path(tm::cpu::GemmPath::Auto);
+    return name;
+  };
   std::vector<Case> cases;
-  for (tm::DType dtype : {tm::DType::F32, tm::DType::BF16, tm::DType::F16}) {
-    TensorT a = make_tensor(backend, s.m, s.k, av, dtype), b = make_tensor(backend, s.k, s.n, bv, dtype);
-    TensorT c = TensorT::empty({s.m, s.n}, dtype, tm::MemCategory::Temporary, backend);
-    cases.push_back({dtype, "trainmem", [&backend, args, a, b, c] { backend.gemm(args, a, b, c); }, a.data(),
-                     b.data(), c.data(), true, {}});
-  }
+  const std::pair<tm::cpu::GemmPath, const char*> paths[] = {{tm::cpu::GemmPath::Auto, "trainmem"},
+                                                             {tm::cpu::GemmPath::Eigen, "trainmem/eigen"},
+                                                             {tm::cpu::GemmPath::OneDnn, "trainmem/onednn"}};
+  for (tm::DType dtype : {tm::DType::F32, tm::DType::BF16, tm::DType::F16})
+    for (const auto& [path, impl] : paths) {
+      const std::string taken = path_taken(dtype, path);
+      if (path == tm::cpu::GemmPath::OneDnn && taken != "onednn") continue;  // no oneDNN kernel for it
+      TensorT a = make_tensor(backend, s.m, s.k, av, dtype), b = make_tensor(backend, s.k, s.n, bv, dtype);
+      TensorT c = TensorT::empty({s.m, s.n}, dtype, tm::MemCategory::Temporary, backend);
+      cases.push_back({dtype, impl, taken,
+                       [&backend, args, a, b, c, path] {
+                         tm::cpu::force_gemm_path(path);
+                         backend.gemm(args, a, b, c);
+                         tm::cpu::force_gemm_path(tm::cpu::GemmPath::Auto);
+                       },
+                       a.data(), b.data(), c.data(), true, {}});
+    }
   // Eigen's own F32 product (its parallel GEMM), for reference.
   EigenProduct<float> f32(s, av, bv);
-  cases.push_back({tm::DType::F32, "eigen", [&f32] { f32.run(); }, f32.a.data(), f32.b.data(), f32.c.data(), true, {}});
+  cases.push_back(
+      {tm::DType::F32, "eigen", "eigen", [&f32] { f32.run(); }, f32.a.data(), f32.b.data(), f32.c.data(), true, {}});
   // Round-robin: rep r of every case runs before rep r+1 of any. A fast shape gets more
   // reps (about 0.3 s of F32 time), so a burst of someone else's load moves no median.
   double f32_seconds = INFINITY;
@@ -192,10 +217,10 @@ std::vector<Row> bench_shape(const Shape3& s, int reps, int warmup, bool native_
   auto half = native_half ? std::make_unique<EigenProduct<Eigen::half>>(s, av, bv) : nullptr;
   const std::size_t first_native = cases.size();
   if (bf16)
-    cases.push_back({tm::DType::BF16, "eigen", [m = bf16.get()] { m->run(); }, bf16->a.data(), bf16->b.data(),
+    cases.push_back({tm::DType::BF16, "eigen", "eigen16", [m = bf16.get()] { m->run(); }, bf16->a.data(), bf16->b.data(),
                      bf16->c.data(), false, {}});
   if (half)
-    cases.push_back({tm::DType::F16, "eigen", [m = half.get()] { m->run(); }, half->a.data(), half->b.data(),
+    cases.push_back({tm::DType::F16, "eigen", "eigen16", [m = half.get()] { m->run(); }, half->a.data(), half->b.data(),
                      half->c.data(), false, {}});
   for (std::size_t i = first_native; i < cases.size(); ++i)
     for (int r = 0; r < 1 + reps; ++r) {
@@ -211,6 +236,7 @@ std::vector<Row> bench_shape(const Shape3& s, int reps, int warmup, bool native_
     row.shape = s;
     row.dtype = cs.dtype;
     row.impl = cs.impl;
+    row.path = cs.path;
     row.reps = static_cast<int>(cs.times.size());
     row.median_ms = median(cs.times) * 1e3;
     row.min_ms = *std::min_element(cs.times.begin(), cs.times.end()) * 1e3;
@@ -286,7 +312,8 @@ void check_one(Backend& backend, tm::DType in_dtype, tm::DType out_dtype, tm::Ge
                 shared_a ? "0" : "mk", g.stride_b == 0 ? "0" : "kn", g.alpha, g.beta, worst);
 }
 
-int run_check() {
+int run_check(tm::cpu::GemmPath path) {
+  tm::cpu::force_gemm_path(path);
   Backend backend;
   std::mt19937_64 rng(7);
   CheckResult result;
@@ -317,7 +344,10 @@ int run_check() {
             g.stride_b = batching == 1 ? 0 : k * n;  // batching 1: B shared by the batch
             check_one(backend, in_dtype, out_dtype, g, /*shared_a=*/batching == 2 && beta == 0.0, rng, result);
           }
-  std::printf("gemm check: %d cases, %d failures\n", result.cases, result.failures);
+  std::printf("gemm check, path %s: %d cases, %d failures\n",
+              path == tm::cpu::GemmPath::OneDnn ? "onednn where it has a kernel" : "eigen", result.cases,
+              result.failures);
+  tm::cpu::force_gemm_path(tm::cpu::GemmPath::Auto);
   return result.failures == 0 ? 0 : 1;
 }
 
@@ -332,7 +362,7 @@ int main(int argc, char** argv) {
 #else
   int threads = 1;
 #endif
-  bool check = false, eigen_half_large = false, no_eigen = false;
+  bool check = false, eigen_half_large = false, no_eigen = false, no_large = false;
   app.add_option("--json", json_path, "write the results as a JSON array to this file");
   app.add_option("--reps", reps, "timed repetitions per figure, at least (median reported)")
       ->check(CLI::Range(7, 1000));
@@ -341,6 +371,7 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads, "threads for OpenMP and Eigen (default: OpenMP's)")->check(CLI::Range(1, 1024));
   app.add_flag("--eigen-half-large", eigen_half_large, "also time Eigen's half GEMM at 8192x768x768 (~30 s a rep)");
   app.add_flag("--no-eigen", no_eigen, "skip Eigen's own 16-bit GEMM (the slow rows)");
+  app.add_flag("--no-large", no_large, "skip 8192x768x768 (time only 512^3 and 1024^3)");
   app.add_flag("--check", check, "verify cpu::Backend::gemm against an F64 loop instead of timing");
   CLI11_PARSE(app, argc, argv);
 
@@ -351,7 +382,11 @@ int main(int argc, char** argv) {
   const int openmp_threads = 0;  // built without OpenMP: everything runs on one thread
 #endif
   Eigen::setNbThreads(threads);
-  if (check) return run_check();
+  if (check) {
+    int failed = run_check(tm::cpu::GemmPath::Eigen);
+    if (tm::cpu::detail::kHaveOneDnn) failed |= run_check(tm::cpu::GemmPath::OneDnn);
+    return failed;
+  }
 
 #if !defined(__OPTIMIZE__)
   std::printf("warning: built without optimisation; figures are meaningless\n");
@@ -360,8 +395,11 @@ int main(int argc, char** argv) {
               threads, openmp_threads, Eigen::nbThreads(), reps);
   std::printf("err = max |C - C64| / (|A||B|) over %d sampled entries; tol = its bound for the accumulation used\n",
               samples);
+  std::printf("oneDNN: %s; effective ISA %s, AMX %s\n", tm::cpu::detail::kHaveOneDnn ? "built in" : "not built in",
+              tm::cpu::detail::onednn_isa_name(), tm::cpu::detail::onednn_has_amx() ? "yes" : "no");
   std::mt19937_64 rng(2024);
-  const std::vector<Shape3> shapes = {{512, 512, 512}, {1024, 1024, 1024}, {8192, 768, 768}};
+  std::vector<Shape3> shapes = {{512, 512, 512}, {1024, 1024, 1024}, {8192, 768, 768}};
+  if (no_large) shapes.pop_back();
   std::vector<Row> rows;
   for (const auto& s : shapes) {
     const bool native_half = !no_eigen && (s.m <= 1024 || eigen_half_large);
@@ -369,23 +407,23 @@ int main(int argc, char** argv) {
     rows.insert(rows.end(), shape_rows.begin(), shape_rows.end());
   }
 
-  std::printf("\n%-15s %-5s %-9s %9s %10s %8s %8s %5s %9s %8s %9s\n", "shape MxNxK", "dtype", "impl", "GFLOP/s",
-              "median ms", "min ms", "max ms", "reps", "vs f32", "err", "tol");
+  std::printf("\n%-15s %-5s %-16s %-7s %9s %10s %8s %8s %5s %9s %8s %9s\n", "shape MxNxK", "dtype", "impl", "path",
+              "GFLOP/s", "median ms", "min ms", "max ms", "reps", "vs f32", "err", "tol");
   bool all_ok = true;
   for (const auto& r : rows) {
     const bool ok = r.error <= r.tolerance;
     all_ok = all_ok && ok;
-    std::printf("%-15s %-5s %-9s %9.1f %10.3f %8.3f %8.3f %5d %8.3fx %9.2e %8.1e%s\n", r.shape.name().c_str(),
-                std::string(tm::name_of(r.dtype)).c_str(), r.impl.c_str(), r.gflops, r.median_ms, r.min_ms, r.max_ms,
+    std::printf("%-15s %-5s %-16s %-7s %9.1f %10.3f %8.3f %8.3f %5d %8.3fx %9.2e %8.1e%s\n", r.shape.name().c_str(),
+                std::string(tm::name_of(r.dtype)).c_str(), r.impl.c_str(), r.path.c_str(), r.gflops, r.median_ms, r.min_ms, r.max_ms,
                 r.reps, r.ratio, r.error, r.tolerance, ok ? "" : "  WRONG");
   }
   if (!eigen_half_large && !no_eigen)
     std::printf("(Eigen's half GEMM is not timed at 8192x768x768, ~30 s a rep here; --eigen-half-large adds it)\n");
-  std::printf("\nratios measured in this run (trainmem, GFLOP/s relative to trainmem f32):\n");
+  std::printf("\nratios measured in this run (GFLOP/s relative to trainmem f32, the path it picks):\n");
   for (const auto& r : rows)
-    if (r.impl == "trainmem" && r.dtype != tm::DType::F32)
-      std::printf("  %-15s %s/f32 = %.3f from medians, %.3f from best reps\n", r.shape.name().c_str(),
-                  std::string(tm::name_of(r.dtype)).c_str(), r.ratio, r.best_ratio);
+    if (r.impl != "eigen" && !(r.impl == "trainmem" && r.dtype == tm::DType::F32))
+      std::printf("  %-15s %-5s %-16s (%s)/f32 = %.3f from medians, %.3f from best reps\n", r.shape.name().c_str(),
+                  std::string(tm::name_of(r.dtype)).c_str(), r.impl.c_str(), r.path.c_str(), r.ratio, r.best_ratio);
 
   if (!json_path.empty()) {
     nlohmann::json out = nlohmann::json::array();
@@ -396,6 +434,7 @@ int main(int argc, char** argv) {
                      {"k", r.shape.k},
                      {"dtype", std::string(tm::name_of(r.dtype))},
                      {"impl", r.impl},
+                     {"path", r.path},
                      {"gflops", r.gflops},
                      {"median_ms", r.median_ms},
                      {"min_ms", r.min_ms},

@@ -94,6 +94,12 @@ TEST_CASE("matmul in f32/bf16/f16 storage matches F64 with FP32 accumulation", "
 }
 
 TEST_CASE("a 16-bit GEMM holds its widening workspace only while it runs; an f32 GEMM needs none", "[ops][matmul]") {
+  // The Eigen path's workspaces (oneDNN's path takes none but its own scratchpad).
+  struct Restore {
+    cpu::GemmPath before = cpu::forced_gemm_path();
+    ~Restore() { cpu::force_gemm_path(before); }
+  } restore;
+  cpu::force_gemm_path(cpu::GemmPath::Eigen);
   B backend;  // its own MemoryStats
   auto& stats = backend.memory();
   const T a = testing::random_tensor(Shape{64, 48}, 110, -1, 1, DType::BF16, backend);

@@ -135,8 +135,17 @@ Var<B> linear(const Var<B>& x, const Var<B>& weight, const Var<B>& bias = Var<B>
   SavedTensor<B> saved_w = need_x ? rec.save(tw) : SavedTensor<B>();
   auto out = rec.compute([&] {
     Tensor<B> y = new_tensor(rec.backend(), out_shape, dtype);
-    detail::gemm(tx, false, tw, true, y, 1, rows, out_features, in);
-    if (has_bias) rec.backend().map(math::Add{}, y, tb, y);
+    if (has_bias) {
+      // The bias joins the FP32 accumulator in the GEMM's epilogue: y is rounded once.
+      GemmArgs args;
+      args.m = rows;
+      args.n = out_features;
+      args.k = in;
+      args.trans_b = true;
+      rec.backend().gemm_bias(args, tx, tw, tb, y, /*gelu=*/false);
+    } else {
+      detail::gemm(tx, false, tw, true, y, 1, rows, out_features, in);
+    }
     return std::vector<Tensor<B>>{y};
   });
   const Shape x_shape = x.shape(), w_shape = weight.shape();

@@ -1,4 +1,4 @@
-// trainmem/backend/cpu/backend.hpp — the CPU backend: Eigen GEMM, OpenMP loops.
+// trainmem/backend/cpu/backend.hpp — the CPU backend: Eigen or oneDNN GEMM, OpenMP loops.
 //
 // A Backend is a compile-time policy: Tensor<Backend>, Tape<Backend>. It owns the
 // tracked allocator (and so the MemoryStats; GEMM workspaces come from it too), and the kernels, each
@@ -51,19 +51,43 @@ class Backend {
 
   // --- kernels ---------------------------------------------------------------------
   /// C = alpha op(A) op(B) + beta C. A and B share a dtype; f64 only with f64.
+  /// Which path multiplies: NOTE [CPU GEMM path] (backend/cpu/gemm.hpp).
   void gemm(const GemmArgs& args, const TensorT& a, const TensorT& b, const TensorT& c) {
-    if (a.dtype() == DType::F64) {
-      detail::gemm<double, double>(args, a.data_as<const double>(), b.data_as<const double>(), c.data_as<double>(),
-                                   allocator_);
-      return;
-    }
     visit_floating(a.dtype(), "gemm", [&]<class TA>() {
-      if constexpr (!std::is_same_v<TA, double>) {
-        visit_floating(c.dtype(), "gemm", [&]<class TC>() {
-          if constexpr (!std::is_same_v<TC, double>)
-            detail::gemm<TA, TC>(args, a.data_as<const TA>(), b.data_as<const TA>(), c.data_as<TC>(), allocator_);
-        });
-      }
+      visit_floating(c.dtype(), "gemm", [&]<class TC>() {
+        if constexpr (std::is_same_v<TA, double> == std::is_same_v<TC, double>)
+          detail::gemm<TA, TC>(args, a.data_as<const TA>(), b.data_as<const TA>(), c.data_as<TC>(), allocator_);
+      });
+    });
+  }
+  /// C = act(alpha op(A) op(B) + beta C + bias) with bias [n] (any floating dtype) added to
+  /// every row (and batch entry); act is GELU (tanh form, math::GeluTanh) when `gelu`, else
+  /// the identity. Both in FP32, before C's one rounding, as cuda::Backend::gemm_bias.
+  void gemm_bias(const GemmArgs& args, const TensorT& a, const TensorT& b, const TensorT& bias, const TensorT& c,
+                 bool gelu) {
+    trainmem::detail::check(bias.defined() && bias.numel() == args.n && is_floating(bias.dtype()),
+                            "gemm_bias: bias must be a floating tensor of n = ", args.n, " elements, got ",
+                            bias.defined() ? bias.shape().str() : std::string("undefined"));
+    visit_floating(a.dtype(), "gemm_bias", [&]<class TA>() {
+      visit_floating(c.dtype(), "gemm_bias", [&]<class TC>() {
+        if constexpr (std::is_same_v<TA, double> == std::is_same_v<TC, double>) {
+          using Acc = AccumulatorOf<TA>;
+          visit_floating(bias.dtype(), "gemm_bias", [&]<class TBias>() {
+            // The bias row in the accumulator's type: one small copy unless it already is.
+            const detail::Workspace<Acc> widened(allocator_, std::is_same_v<TBias, Acc> ? 0 : bias.numel());
+            const Acc* row = widened.get();
+            if constexpr (std::is_same_v<TBias, Acc>) {
+              row = bias.data_as<const Acc>();
+            } else {
+              const TBias* from = bias.data_as<const TBias>();
+              for (std::int64_t j = 0; j < args.n; ++j)
+                widened.get()[j] = static_cast<Acc>(trainmem::detail::widen(from[j]));
+            }
+            detail::gemm<TA, TC>(args, a.data_as<const TA>(), b.data_as<const TA>(), c.data_as<TC>(), allocator_,
+                                 detail::Epilogue<Acc>{row, gelu});
+          });
+        }
+      });
     });
   }
 

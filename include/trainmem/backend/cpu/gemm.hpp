@@ -1,24 +1,30 @@
 // trainmem/backend/cpu/gemm.hpp — GEMM on the CPU, FP32 accumulation for 16-bit storage.
 //
-// Every dtype ends in Eigen's F32 (F64 for f64) GEMM; 16-bit operands are never
+// Two paths, chosen per call (NOTE [CPU GEMM path] below): oneDNN's matmul
+// (onednn_gemm.hpp), which multiplies 16-bit operands directly, and Eigen's F32 (F64
+// for f64) GEMM, which 16-bit operands reach widened to F32 ("widen"); they are never
 // multiplied by Eigen's emulated half/bfloat16 GEMM (10-300x slower, and it accumulates
-// in 16 bits). The rows of C, batch entries stacked, are split evenly over the threads
-// and each thread runs Eigen single-threaded on its own rows, so after B is ready no
-// thread waits on another (Eigen's parallel GEMM spins on panels the other threads
-// pack, which costs a scheduler slice whenever a core is busy with someone else).
-// For 16-bit storage, B is widened to F32 once (all threads share the work) when the
-// batch shares it, or by each thread for the entries it owns; each thread widens its
+// in 16 bits). Both add an optional bias row to the FP32 result before its one rounding
+// to C's storage dtype, and GELU after it where asked (gemm_epilogue.hpp).
+//
+// On the Eigen path the rows of C, batch entries stacked, are split evenly over the
+// threads and each thread runs Eigen single-threaded on its own rows, so after B is
+// ready no thread waits on another (Eigen's parallel GEMM spins on panels the other
+// threads pack, which costs a scheduler slice whenever a core is busy with someone
+// else). For 16-bit storage, B is widened to F32 once (all threads share the work) when
+// the batch shares it, or by each thread for the entries it owns; each thread widens its
 // rows of A kBlockRows at a time right before multiplying them, so the block is still
 // in cache when Eigen packs it and the A workspace is threads x kBlockRows x k floats.
 // A 16-bit C is computed in an F32 block (widened first when beta != 0) and narrowed.
-// Workspaces come from the tracked allocator for the duration of one call: MemoryStats
-// shows them as workspace while a GEMM runs and not after, and the allocator's per-size
-// cache hands the same blocks back to the next GEMM of a training loop.
+// Workspaces come from the tracked allocator for the duration of one call.
 #pragma once
 
 #include <Eigen/Core>
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
+#include <cstdlib>
+#include <string_view>
 #include <type_traits>
 
 #if defined(_OPENMP)
@@ -27,27 +33,13 @@
 
 #include "trainmem/backend/cpu/allocator.hpp"
 #include "trainmem/backend/cpu/convert.hpp"
+#include "trainmem/backend/cpu/gemm_epilogue.hpp"
+#include "trainmem/backend/cpu/onednn_gemm.hpp"
+#include "trainmem/backend/cpu/workspace.hpp"
 #include "trainmem/core/gemm_args.hpp"
+#include "trainmem/error.hpp"
 
 namespace trainmem::cpu::detail {
-
-/// \brief A float buffer from the tracked allocator for one GEMM call (empty for count 0).
-class Workspace {
- public:
-  Workspace(Allocator& allocator, std::size_t count)
-      : allocator_(allocator),
-        bytes_(count * sizeof(float)),
-        data_(count ? static_cast<float*>(allocator.allocate(bytes_, MemCategory::Workspace)) : nullptr) {}
-  ~Workspace() { allocator_.deallocate(data_, bytes_, MemCategory::Workspace); }
-  Workspace(const Workspace&) = delete;
-  Workspace& operator=(const Workspace&) = delete;
-  float* get() const { return data_; }
-
- private:
-  Allocator& allocator_;
-  std::size_t bytes_;
-  float* data_;
-};
 
 template <class T>
 using RowMatrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
@@ -115,9 +107,11 @@ inline int gemm_thread_id() {
 #endif
 }
 
-/// GEMM for storage types TA (A and B) and TC (C), accumulating in AccumulatorOf<TA>.
+/// The Eigen path for storage types TA (A and B) and TC (C), accumulating in
+/// AccumulatorOf<TA>: 16-bit operands widened, the epilogue applied in FP32, C rounded once.
 template <class TA, class TC>
-void gemm(const GemmArgs& g, const TA* a, const TA* b, TC* c, Allocator& allocator) {
+void eigen_path_gemm(const GemmArgs& g, const TA* a, const TA* b, TC* c, const Epilogue<AccumulatorOf<TA>>& epilogue,
+                     Allocator& allocator) {
   using Acc = AccumulatorOf<TA>;
   static_assert(std::is_same_v<Acc, AccumulatorOf<TC>>, "f64 GEMM takes and gives f64 only");
   constexpr bool widen_ab = !std::is_same_v<TA, Acc>;
@@ -133,9 +127,9 @@ void gemm(const GemmArgs& g, const TA* a, const TA* b, TC* c, Allocator& allocat
   const std::int64_t block = widen_ab || widen_c ? std::min(kBlockRows, rows_per_thread) : stacked_rows;
 
   // Workspaces come from the (single-threaded) allocator before any thread starts.
-  const Workspace a_workspace(allocator, widen_ab ? static_cast<std::size_t>(threads * block * g.k) : 0);
-  const Workspace b_workspace(allocator, widen_ab ? static_cast<std::size_t>((shared_b ? 1 : threads) * b_size) : 0);
-  const Workspace c_workspace(allocator, widen_c ? static_cast<std::size_t>(threads * block * g.n) : 0);
+  const Workspace<float> a_workspace(allocator, widen_ab ? static_cast<std::size_t>(threads * block * g.k) : 0);
+  const Workspace<float> b_workspace(allocator, widen_ab ? static_cast<std::size_t>((shared_b ? 1 : threads) * b_size) : 0);
+  const Workspace<float> c_workspace(allocator, widen_c ? static_cast<std::size_t>(threads * block * g.n) : 0);
   float* a_work = a_workspace.get();
   float* b_work = b_workspace.get();
   float* c_work = c_workspace.get();
@@ -166,11 +160,13 @@ void gemm(const GemmArgs& g, const TA* a, const TA* b, TC* c, Allocator& allocat
       if constexpr (widen_c) {
         if (g.beta != 0.0) widen_block(C + row * g.ldc(), g.ldc(), rows, g.n, c_slot);
         eigen_gemm<Acc>(A_block, lda, g.trans_a, B, ldb, g.trans_b, c_slot, g.n, rows, g.n, g.k, alpha, beta);
+        apply_epilogue(epilogue, c_slot, g.n, rows, g.n);
         for (std::int64_t r = 0; r < rows; ++r)
           narrow_from_float(c_slot + r * g.n, C + (row + r) * g.ldc(), static_cast<std::size_t>(g.n));
       } else {
         eigen_gemm<Acc>(A_block, lda, g.trans_a, B, ldb, g.trans_b, C + row * g.ldc(), g.ldc(), rows, g.n, g.k,
                         alpha, beta);
+        apply_epilogue(epilogue, C + row * g.ldc(), g.ldc(), rows, g.n);
       }
     }
   };
@@ -217,3 +213,90 @@ void gemm(const GemmArgs& g, const TA* a, const TA* b, TC* c, Allocator& allocat
 }
 
 }  // namespace trainmem::cpu::detail
+
+namespace trainmem::cpu {
+
+// NOTE [CPU GEMM path]
+// oneDNN multiplies 16-bit operands itself; whether that beats widening them for Eigen
+// depends on the CPU. With AMX, oneDNN's BF16 is 5-7x its F32 (measured at 512^3 and
+// 1024^3 on 2 threads); with AVX512-BF16 but no AMX (oneDNN's avx512_core_bf16 kernels)
+// it is ~0.6-0.7x F32 and slower than widening, and oneDNN 2.6 has no F16 kernel there.
+// So 16-bit operands go to oneDNN exactly where oneDNN reports AMX, else they are
+// widened. F32 operands go to oneDNN when m, n and k are all at least kOneDnnF32MinDim,
+// the shape class where its F32 kernel measured 1.1-1.3x Eigen's (here and on the AMX
+// machine; docs/mixed-precision.md); smaller and thinner products, which nobody measured
+// faster, stay with Eigen. F64 always goes to Eigen. The rule is one of ISA and shape,
+// not a run-time timing probe: a probe on a shared machine measures the neighbours.
+// TRAINMEM_CPU_GEMM=eigen (or widen) | onednn | auto forces a path for every dtype
+// (read once; force_gemm_path() changes it), so tests and benchmarks exercise each path
+// on any CPU; a forced oneDNN falls back to Eigen where oneDNN has no kernel.
+
+/// Smallest m, n and k that send an F32 GEMM to oneDNN (NOTE [CPU GEMM path]).
+inline constexpr std::int64_t kOneDnnF32MinDim = 512;
+
+/// \brief Which CPU GEMM path to take: the measured rule, or one path forced.
+enum class GemmPath { Auto, Eigen, OneDnn };
+
+namespace detail {
+
+inline GemmPath gemm_path_from_environment() {
+  const char* value = std::getenv("TRAINMEM_CPU_GEMM");
+  const std::string_view v = value ? value : "auto";
+  if (v == "auto" || v.empty()) return GemmPath::Auto;
+  if (v == "eigen" || v == "widen") return GemmPath::Eigen;
+  if (v == "onednn") return GemmPath::OneDnn;
+  throw Error(trainmem::detail::concat("TRAINMEM_CPU_GEMM=", v, ": expected auto, eigen, widen or onednn"));
+}
+
+inline std::atomic<GemmPath>& forced_gemm_path() {
+  static std::atomic<GemmPath> path{gemm_path_from_environment()};
+  return path;
+}
+
+}  // namespace detail
+
+/// Forces a CPU GEMM path for every dtype from now on (GemmPath::Auto: the measured rule).
+inline void force_gemm_path(GemmPath path) { detail::forced_gemm_path().store(path); }
+/// The path forced by force_gemm_path() or TRAINMEM_CPU_GEMM (GemmPath::Auto if none).
+inline GemmPath forced_gemm_path() { return detail::forced_gemm_path().load(); }
+
+namespace detail {
+
+/// The path a GEMM with these storage types takes (never Auto).
+template <class TA, class TC>
+GemmPath gemm_path(const GemmArgs& g, const Epilogue<AccumulatorOf<TA>>& epilogue = {}) {
+  if constexpr (std::is_same_v<TA, double>) {
+    return GemmPath::Eigen;
+  } else {
+    switch (forced_gemm_path()) {
+      case GemmPath::Eigen: return GemmPath::Eigen;
+      case GemmPath::OneDnn: return onednn_can_gemm<TA, TC>(g, epilogue) ? GemmPath::OneDnn : GemmPath::Eigen;
+      default: break;
+    }
+    const bool onednn_wins = std::is_same_v<TA, float>
+                                 ? std::min({g.m, g.n, g.k}) >= kOneDnnF32MinDim
+                                 : onednn_has_amx();
+    return onednn_wins && onednn_can_gemm<TA, TC>(g, epilogue) ? GemmPath::OneDnn : GemmPath::Eigen;
+  }
+}
+
+/// "onednn", "eigen" (F32/F64 operands to Eigen) or "widen" (16-bit operands widened for Eigen).
+template <class TA, class TC>
+const char* gemm_path_name(const GemmArgs& g, const Epilogue<AccumulatorOf<TA>>& epilogue = {}) {
+  if (gemm_path<TA, TC>(g, epilogue) == GemmPath::OneDnn) return "onednn";
+  return std::is_same_v<TA, float> || std::is_same_v<TA, double> ? "eigen" : "widen";
+}
+
+/// C = act(alpha op(A) op(B) + beta C + bias) (gemm_epilogue.hpp) for storage types TA (A
+/// and B) and TC (C), accumulating in AccumulatorOf<TA>; C is rounded once, at the end.
+template <class TA, class TC>
+void gemm(const GemmArgs& g, const TA* a, const TA* b, TC* c, Allocator& allocator,
+          const Epilogue<AccumulatorOf<TA>>& epilogue = {}) {
+  if (g.batch <= 0 || g.m <= 0 || g.n <= 0) return;
+  if (gemm_path<TA, TC>(g, epilogue) == GemmPath::OneDnn && onednn_gemm<TA, TC>(g, a, b, c, epilogue, allocator))
+    return;
+  eigen_path_gemm<TA, TC>(g, a, b, c, epilogue, allocator);
+}
+
+}  // namespace detail
+}  // namespace trainmem::cpu
