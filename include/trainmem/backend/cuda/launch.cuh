@@ -55,6 +55,7 @@ class ScratchBuffer {
   void* data_;
 };
 
+namespace device {
 /// Index of this thread in a 1-D grid, and the grid's stride, as 64-bit values.
 __device__ __forceinline__ std::int64_t global_thread() {
   return static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -103,6 +104,7 @@ __device__ T block_all_reduce(T value, Combine combine, T identity) {
   __syncthreads();  // the next call reuses partial and result
   return out;
 }
+}  // namespace device
 
 /// Threads per block for a kernel that gives each row one block: a multiple of 32 that
 /// gives each thread about four elements, between 32 and 512.
