@@ -43,13 +43,16 @@ struct MultiTensorList {
 };
 
 namespace device {
+/// With inv_scale 1 (a check only, GradScaler::step_async) the values cannot change, so
+/// nothing is written back, as on the CPU backend.
 template <class T>
 __device__ bool unscale_chunk(T* grad, std::int64_t begin, std::int64_t end, float inv_scale) {
   using Acc = AccumulatorOf<T>;
+  const bool rewrite = inv_scale != 1.0f;
   bool non_finite = false;
   for (std::int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
-    const T stored = narrow<T>(load<Acc>(grad, i) * static_cast<Acc>(inv_scale));
-    grad[i] = stored;
+    const T stored = rewrite ? narrow<T>(load<Acc>(grad, i) * static_cast<Acc>(inv_scale)) : grad[i];
+    if (rewrite) grad[i] = stored;
     non_finite = non_finite || !acc_isfinite(static_cast<Acc>(widen(stored)));
   }
   return non_finite;

@@ -17,7 +17,8 @@
 //
 // Launchers take typed pointers and a KernelContext; they validate nothing (the ops
 // and the Backend methods do), except what only the device knows: an out-of-range
-// cross-entropy label is flagged on the device and raised as trainmem::Error here.
+// cross-entropy label or embedding id is recorded on the device (report_bad_index,
+// launch.cuh) and raised by the backend at its next host wait, so no launcher waits.
 #pragma once
 
 #include <cub/device/device_radix_sort.cuh>
@@ -393,12 +394,10 @@ void layer_norm_backward(const KernelContext& ctx, const T* dy, const T* x, cons
 // cross-entropy
 // ======================================================================================
 
-inline constexpr unsigned long long kNoBadRow = ~0ull;
-
 namespace device {
 template <class T, class Acc>
 __global__ void cross_entropy_rows_kernel(const T* logits, const std::int32_t* labels, Acc* lse, Acc* row_loss,
-                                          std::int64_t rows, std::int64_t cols, unsigned long long* bad_row) {
+                                          std::int64_t rows, std::int64_t cols, BadIndex* bad_label) {
   for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const T* xr = logits + r * cols;
     const auto [max, sum] = block_max_and_sum_exp<Acc>(xr, cols);
@@ -407,7 +406,7 @@ __global__ void cross_entropy_rows_kernel(const T* logits, const std::int32_t* l
       lse[r] = row_lse;
       const std::int32_t label = labels[r];
       if (label < 0 || label >= cols) {
-        atomicMin(bad_row, static_cast<unsigned long long>(r));
+        report_bad_index(bad_label, r, label, cols);
         row_loss[r] = Acc(0);
       } else {
         row_loss[r] = row_lse - load<Acc>(xr, label);
@@ -430,32 +429,19 @@ struct LoadPlain {
 };
 }  // namespace device
 
-/// Mean cross-entropy; keeps each row's log-sum-exp. Throws (after one synchronisation to
-/// read the device's flag) when a label is outside [0, cols), naming the first such row.
+/// Mean cross-entropy; keeps each row's log-sum-exp. A label outside [0, cols) counts as
+/// a zero loss here and is recorded in ctx.bad_indices, which the backend raises later.
 template <class T, class Acc>
 void cross_entropy(const KernelContext& ctx, const T* logits, const std::int32_t* labels, Acc* loss, Acc* lse,
                    std::int64_t rows, std::int64_t cols) {
   ScratchBuffer row_loss(ctx, static_cast<std::size_t>(rows) * sizeof(Acc));
-  ScratchBuffer bad_row(ctx, sizeof(unsigned long long));
-  TRAINMEM_CUDA_CHECK(cudaMemsetAsync(bad_row.as<void>(), 0xff, sizeof(unsigned long long), ctx.stream));
   if (rows > 0) {
     device::cross_entropy_rows_kernel<<<row_blocks(rows), row_block_threads(cols), 0, ctx.stream>>>(
-        logits, labels, lse, row_loss.as<Acc>(), rows, cols, bad_row.as<unsigned long long>());
+        logits, labels, lse, row_loss.as<Acc>(), rows, cols,
+        ctx.bad_indices + static_cast<int>(IndexCheck::CrossEntropyLabel));
     TRAINMEM_CUDA_CHECK_LAUNCH("cross_entropy_rows_kernel");
   }
   reduce_all<Acc>(ctx, rows, device::LoadPlain<Acc>{row_loss.as<const Acc>()}, device::StoreMean<Acc>{loss, rows});
-  unsigned long long first_bad = kNoBadRow;
-  TRAINMEM_CUDA_CHECK(cudaMemcpyAsync(&first_bad, bad_row.as<const void>(), sizeof first_bad, cudaMemcpyDeviceToHost,
-                                      ctx.stream));
-  TRAINMEM_CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
-  if (first_bad != kNoBadRow) {
-    std::int32_t label = 0;
-    TRAINMEM_CUDA_CHECK(
-        cudaMemcpyAsync(&label, labels + first_bad, sizeof label, cudaMemcpyDeviceToHost, ctx.stream));
-    TRAINMEM_CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
-    throw Error(trainmem::detail::concat("cross_entropy: label ", label, " at row ", first_bad, " is outside [0, ",
-                                         cols, ")"));
-  }
 }
 
 namespace device {
@@ -592,22 +578,30 @@ void dropout(const KernelContext& ctx, const T* in, T* out, std::int64_t n, floa
 // ======================================================================================
 
 namespace device {
+/// An id outside [0, vocab) gives a zero row and is recorded in `bad_id`.
 template <class T>
 __global__ void embedding_kernel(const T* weight, const std::int32_t* ids, T* out, std::int64_t count,
-                                 std::int64_t dim) {
+                                 std::int64_t dim, std::int64_t vocab, BadIndex* bad_id) {
   const std::int64_t n = count * dim;
   for (std::int64_t at = global_thread(); at < n; at += grid_stride()) {
     const std::int64_t i = at / dim, d = at - i * dim;
-    out[at] = weight[static_cast<std::int64_t>(ids[i]) * dim + d];
+    const std::int64_t id = ids[i];
+    if (id >= 0 && id < vocab) {
+      out[at] = weight[id * dim + d];
+    } else {
+      out[at] = T{};
+      if (d == 0) report_bad_index(bad_id, i, id, vocab);
+    }
   }
 }
 }  // namespace device
 
 template <class T>
 void embedding(const KernelContext& ctx, const T* weight, const std::int32_t* ids, T* out, std::int64_t count,
-               std::int64_t dim) {
+               std::int64_t dim, std::int64_t vocab) {
   if (count * dim == 0) return;
-  device::embedding_kernel<<<blocks_for(ctx, count * dim), kThreads, 0, ctx.stream>>>(weight, ids, out, count, dim);
+  device::embedding_kernel<<<blocks_for(ctx, count * dim), kThreads, 0, ctx.stream>>>(
+      weight, ids, out, count, dim, vocab, ctx.bad_indices + static_cast<int>(IndexCheck::EmbeddingId));
   TRAINMEM_CUDA_CHECK_LAUNCH("embedding_kernel");
 }
 
@@ -652,7 +646,10 @@ void embedding_backward(const KernelContext& ctx, const T* dout, const std::int3
   const int items = static_cast<int>(count);
   int end_bit = 1;
   while (end_bit < 32 && (std::int64_t{1} << end_bit) < vocab) ++end_bit;
-  // Ids are non-negative (the op checks), so sorting their bits as unsigned keeps their order.
+  // Sorting the ids' low end_bit bits as unsigned keeps the order of valid ids. An id
+  // outside [0, vocab) adds nothing (the kernel skips it), but may split the run of a
+  // valid id that shares its low bits; the forward recorded it, so this step raises at
+  // the next host wait and its gradient is not to be used (memory stays in bounds).
   const auto* keys_in = reinterpret_cast<const std::uint32_t*>(ids);
   ScratchBuffer keys_out(ctx, count * sizeof(std::uint32_t));
   ScratchBuffer positions_in(ctx, count * sizeof(std::int32_t));
