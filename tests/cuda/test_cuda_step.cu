@@ -370,7 +370,7 @@ TEST_CASE("cuda step: NaN inputs to softmax, layer norm and cross-entropy poison
 }
 
 // Untested before: the syncing GradScaler::step, hysteresis and the scale floor through the scaler.
-TEST_CASE("cuda step: GradScaler::step returns whether it stepped; hysteresis and min_scale hold", "[cuda][amp]") {
+TEST_CASE("cuda step: GradScaler::step returns whether it stepped, hysteresis and min_scale hold", "[cuda][amp]") {
   TRAINMEM_REQUIRE_CUDA_DEVICE();
   tmem::nn::Init init(3);
   tmem::nn::Linear<Gpu> fc(16, 8, init);
