@@ -169,7 +169,7 @@ std::vector<std::vector<double>> optimizer_pass(B& backend, Update update, const
 
 }  // namespace
 
-TEST_CASE("cuda amp: fused SGD and AdamW passes match the CPU; found_inf skips bit for bit", "[cuda][amp][optim]") {
+TEST_CASE("cuda amp: fused SGD and AdamW passes match the CPU, and found_inf skips bit for bit", "[cuda][amp][optim]") {
   TRAINMEM_REQUIRE_CUDA_DEVICE();
   Inputs random;
   INFO("seed " << random.seed());

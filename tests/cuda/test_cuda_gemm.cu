@@ -263,7 +263,7 @@ TEST_CASE("cuda gemm_bias: fused bias and bias + GELU epilogues", "[cuda][gemm]"
   check_case(gpu, random, cast_bias);
 }
 
-TEST_CASE("cuda gemm: TF32 only when allowed; plans and workspace made once", "[cuda][gemm]") {
+TEST_CASE("cuda gemm: TF32 only when allowed, plans and workspace made once", "[cuda][gemm]") {
   TRAINMEM_REQUIRE_CUDA_DEVICE();
   Gpu gpu;  // its own instance: fresh counters
   Inputs random;

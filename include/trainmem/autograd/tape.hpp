@@ -112,10 +112,9 @@ class Tape {
     } else {
       detail::check(r.value.numel() == 1, "backward: the root is ", r.value.shape(),
                     ", not a scalar; pass a seed gradient of that shape");
+      // Written by a kernel, not uploaded: no host-to-device copy in a step.
       seed_grad = Tensor<B>::empty(r.value.shape(), r.value.dtype(), MemCategory::Temporary, *backend_);
-      const double one = 1.0;
-      backend_->map(math::Identity{}, Tensor<B>::from_host(Shape{}, std::span<const double>(&one, 1), DType::F64,
-                                                           MemCategory::Temporary, *backend_), seed_grad);
+      backend_->map(math::Constant{1.0}, r.value, seed_grad);
     }
     if (!retain_graph) backward_ran_ = true;
     if (r.grad_fn == nullptr) {  // the root is itself a leaf

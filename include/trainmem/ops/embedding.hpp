@@ -14,6 +14,13 @@ namespace detail {
 inline constexpr OpInfo kEmbeddingOp{"embedding", OpKind::Embedding, AutocastCategory::Unchanged};
 }
 
+namespace detail {
+/// A backend whose embedding kernel checks the ids itself (cuda::Backend), so the op need
+/// not download them; it raises a bad id at its next host wait instead of at the op.
+template <class B>
+concept ChecksIdsOnDevice = requires { requires B::kChecksIdsOnDevice; };
+}  // namespace detail
+
 /// out[..., :] = weight[ids[...], :] for weight [V, D] and i32 ids of any shape.
 template <class B>
 Var<B> embedding(const Var<B>& weight, const Var<B>& id_var) {
@@ -22,7 +29,7 @@ Var<B> embedding(const Var<B>& weight, const Var<B>& id_var) {
   detail::check(weight.shape().rank() == 2, "embedding: weight must be [V, D], got ", weight.shape());
   detail::check(id_var.dtype() == DType::I32, "embedding: ids must be i32, got ", id_var.dtype(), " ", id_var.shape());
   const Tensor<B>& ids = id_var.value();
-  {
+  if constexpr (!detail::ChecksIdsOnDevice<B>) {
     const auto host = ids.template to_host<double>();
     for (std::size_t i = 0; i < host.size(); ++i)
       detail::check(host[i] >= 0 && host[i] < static_cast<double>(weight.shape()[0]), "embedding: id ", host[i],

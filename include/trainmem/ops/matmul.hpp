@@ -17,10 +17,9 @@ inline constexpr OpInfo kMatmulOp{"matmul", OpKind::Matmul, AutocastCategory::Lo
 inline constexpr OpInfo kBmmOp{"bmm", OpKind::Matmul, AutocastCategory::LowerPrecision};
 inline constexpr OpInfo kLinearOp{"linear", OpKind::Matmul, AutocastCategory::LowerPrecision};
 
-/// c (+)= op(a) op(b) for [batch] stacks; a batch stride of 0 shares a matrix.
-template <class B>
-void gemm(const Tensor<B>& a, bool trans_a, const Tensor<B>& b, bool trans_b, const Tensor<B>& c, std::int64_t batch,
-          std::int64_t m, std::int64_t n, std::int64_t k, bool share_a = false, bool share_b = false, double beta = 0.0) {
+/// The arguments of c (+)= op(a) op(b) for [batch] stacks; a batch stride of 0 shares a matrix.
+inline GemmArgs gemm_args(bool trans_a, bool trans_b, std::int64_t batch, std::int64_t m, std::int64_t n,
+                          std::int64_t k, bool share_a = false, bool share_b = false, double beta = 0.0) {
   GemmArgs args;
   args.batch = batch;
   args.m = m;
@@ -32,8 +31,23 @@ void gemm(const Tensor<B>& a, bool trans_a, const Tensor<B>& b, bool trans_b, co
   args.stride_b = share_b ? 0 : k * n;
   args.stride_c = m * n;
   args.beta = beta;
-  a.backend().gemm(args, a, b, c);
+  return args;
 }
+
+/// c (+)= op(a) op(b) for [batch] stacks; a batch stride of 0 shares a matrix.
+template <class B>
+void gemm(const Tensor<B>& a, bool trans_a, const Tensor<B>& b, bool trans_b, const Tensor<B>& c, std::int64_t batch,
+          std::int64_t m, std::int64_t n, std::int64_t k, bool share_a = false, bool share_b = false, double beta = 0.0) {
+  a.backend().gemm(gemm_args(trans_a, trans_b, batch, m, n, k, share_a, share_b, beta), a, b, c);
+}
+
+/// A backend with a GEMM whose epilogue adds a bias in FP32 before C is rounded (both
+/// backends have one: cuBLASLt's epilogue, oneDNN's or the Eigen path's); linear() uses
+/// it, and on a backend without one adds the bias after the GEMM.
+template <class B>
+concept HasGemmBias = requires(B& backend, const GemmArgs& args, const Tensor<B>& t) {
+  backend.gemm_bias(args, t, t, t, t, false);
+};
 
 /// Shared forward/backward of C[batch] = op(A[batch]) op(B[batch]).
 template <class B>
@@ -135,17 +149,15 @@ Var<B> linear(const Var<B>& x, const Var<B>& weight, const Var<B>& bias = Var<B>
   SavedTensor<B> saved_w = need_x ? rec.save(tw) : SavedTensor<B>();
   auto out = rec.compute([&] {
     Tensor<B> y = new_tensor(rec.backend(), out_shape, dtype);
-    if (has_bias) {
-      // The bias joins the FP32 accumulator in the GEMM's epilogue: y is rounded once.
-      GemmArgs args;
-      args.m = rows;
-      args.n = out_features;
-      args.k = in;
-      args.trans_b = true;
-      rec.backend().gemm_bias(args, tx, tw, tb, y, /*gelu=*/false);
-    } else {
-      detail::gemm(tx, false, tw, true, y, 1, rows, out_features, in);
+    if constexpr (detail::HasGemmBias<B>) {
+      // The bias joins the FP32 accumulator, so y is rounded once, not twice.
+      if (has_bias) {
+        rec.backend().gemm_bias(detail::gemm_args(false, true, 1, rows, out_features, in), tx, tw, tb, y, false);
+        return std::vector<Tensor<B>>{y};
+      }
     }
+    detail::gemm(tx, false, tw, true, y, 1, rows, out_features, in);
+    if (has_bias) rec.backend().map(math::Add{}, y, tb, y);
     return std::vector<Tensor<B>>{y};
   });
   const Shape x_shape = x.shape(), w_shape = weight.shape();

@@ -14,6 +14,9 @@
 //
 // Destructors call deallocate, which must not throw: a failure there is kept and
 // raised by the next allocate() or check_deferred() (the backend's synchronize()).
+//
+// Every host wait for a stream that the backend issues goes through synchronize(), which
+// counts it (host_syncs()), so a test can prove that a training step never waits.
 #pragma once
 
 #include <cstddef>
@@ -55,9 +58,11 @@ class Allocator {
     if (bytes > 0) {
       cudaError_t status = cudaMallocFromPoolAsync(&ptr, bytes, pool_, stream_);
       if (status == cudaErrorMemoryAllocation) {
-        // Give what the pools hold back to the device (other pools, cuBLAS) and try once more.
+        // Let the frees queued on the stream run, give this pool's unused blocks back to
+        // the device, and try once more. Only this pool: memory that other pools, other
+        // backends or libraries hold is theirs to release (release_cached() on each).
         cudaGetLastError();
-        TRAINMEM_CUDA_CHECK(cudaStreamSynchronize(stream_));
+        synchronize(stream_);
         TRAINMEM_CUDA_CHECK(cudaMemPoolTrimTo(pool_, 0));
         status = cudaMallocFromPoolAsync(&ptr, bytes, pool_, stream_);
       }
@@ -75,8 +80,10 @@ class Allocator {
     stats_.on_free(category, bytes);
     if (ptr == nullptr) return;
     const cudaError_t status = cudaFreeAsync(ptr, stream_);
+    if (status == cudaSuccess) return;
+    cudaGetLastError();  // kept for check_deferred(), not for the next launch check
     // At process exit the runtime may be gone before the last static tensor; nothing to free then.
-    if (status != cudaSuccess && status != cudaErrorCudartUnloading) defer_error("cudaFreeAsync", status);
+    if (status != cudaErrorCudartUnloading) defer_error("cudaFreeAsync", status);
   }
 
   /// Turns pool caching off (freed blocks go back to the device at each synchronisation) or on.
@@ -95,7 +102,7 @@ class Allocator {
   std::size_t host_cached_bytes() const { return host_cached_bytes_; }
   /// Returns unused pool memory to the device and cached pinned blocks to the system.
   void release_cached() {
-    TRAINMEM_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    synchronize(stream_);
     TRAINMEM_CUDA_CHECK(cudaMemPoolTrimTo(pool_, 0));
     release_host_cache();
   }
@@ -137,6 +144,14 @@ class Allocator {
       cudaFreeHost(ptr);
     }
   }
+
+  /// Waits on the host until `stream` has run everything queued on it; counted in host_syncs().
+  void synchronize(cudaStream_t stream) {
+    ++host_syncs_;
+    TRAINMEM_CUDA_CHECK(cudaStreamSynchronize(stream));
+  }
+  /// Host waits for a stream issued so far (synchronize() calls).
+  std::uint64_t host_syncs() const { return host_syncs_; }
 
   /// Raises an error that a noexcept path (a free in a destructor) had to keep.
   void check_deferred() {
@@ -196,6 +211,7 @@ class Allocator {
   std::unordered_map<std::size_t, std::vector<void*>> host_cache_;
   std::size_t host_cached_bytes_ = 0;
   std::string deferred_error_;
+  std::uint64_t host_syncs_ = 0;
 };
 
 }  // namespace trainmem::cuda

@@ -42,13 +42,17 @@ struct MultiTensorList {
   int count;
 };
 
+namespace device {
+/// With inv_scale 1 (a check only, GradScaler::step_async) the values cannot change, so
+/// nothing is written back, as on the CPU backend.
 template <class T>
 __device__ bool unscale_chunk(T* grad, std::int64_t begin, std::int64_t end, float inv_scale) {
   using Acc = AccumulatorOf<T>;
+  const bool rewrite = inv_scale != 1.0f;
   bool non_finite = false;
   for (std::int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
-    const T stored = narrow<T>(load<Acc>(grad, i) * static_cast<Acc>(inv_scale));
-    grad[i] = stored;
+    const T stored = rewrite ? narrow<T>(load<Acc>(grad, i) * static_cast<Acc>(inv_scale)) : grad[i];
+    if (rewrite) grad[i] = stored;
     non_finite = non_finite || !acc_isfinite(static_cast<Acc>(widen(stored)));
   }
   return non_finite;
@@ -72,6 +76,7 @@ __global__ void unscale_grads_kernel(MultiTensorList<Capacity> list, const float
   }
   if (__syncthreads_or(non_finite) && threadIdx.x == 0) found_inf[0] = 1.0f;
 }
+}  // namespace device
 
 /// grads *= 1/scale[0] in place; found_inf[0] = 1 if any stored result is inf or NaN (never cleared).
 inline void unscale_grads(const KernelContext& ctx, std::span<const GradRef> grads, const float* scale,
@@ -80,7 +85,7 @@ inline void unscale_grads(const KernelContext& ctx, std::span<const GradRef> gra
   auto launch = [&] {
     if (list.count == 0) return;
     const auto blocks = static_cast<unsigned>(list.first_block[list.count]);
-    unscale_grads_kernel<<<blocks, kThreads, 0, ctx.stream>>>(list, scale, found_inf);
+    device::unscale_grads_kernel<<<blocks, kThreads, 0, ctx.stream>>>(list, scale, found_inf);
     TRAINMEM_CUDA_CHECK_LAUNCH("unscale_grads_kernel");
     list = {};
   };
@@ -97,19 +102,22 @@ inline void unscale_grads(const KernelContext& ctx, std::span<const GradRef> gra
   launch();
 }
 
+namespace device {
 template <class Scale>
 __global__ void update_scale_kernel(Scale* scale, std::int32_t* growth_tracker, std::int32_t* hysteresis_left,
                                     const float* found_inf, amp::ScaleUpdateArgs args) {
   amp::update_scale_state(scale[0], growth_tracker[0], hysteresis_left[0], found_inf[0] != 0.0f, args);
 }
+}  // namespace device
 
 /// One step of the dynamic loss-scale rule, run next to the gradients.
 inline void update_scale(const KernelContext& ctx, float* scale, std::int32_t* growth_tracker,
                          std::int32_t* hysteresis_left, const float* found_inf, const amp::ScaleUpdateArgs& args) {
-  update_scale_kernel<<<1, 1, 0, ctx.stream>>>(scale, growth_tracker, hysteresis_left, found_inf, args);
+  device::update_scale_kernel<<<1, 1, 0, ctx.stream>>>(scale, growth_tracker, hysteresis_left, found_inf, args);
   TRAINMEM_CUDA_CHECK_LAUNCH("update_scale_kernel");
 }
 
+namespace device {
 template <class Acc, class T>
 struct SquaredElement {
   const T* in;
@@ -124,11 +132,12 @@ struct AddToAccumulator {
   TAcc* accumulator;
   __device__ void operator()(Acc total) const { accumulator[0] += static_cast<TAcc>(total); }
 };
+}  // namespace device
 
 /// accumulator[0] += sum(x^2), summed in the accumulator's type TAcc (f32, or f64).
 template <class T, class TAcc>
 void sum_squares(const KernelContext& ctx, const T* x, std::int64_t n, TAcc* accumulator) {
-  reduce_all<TAcc>(ctx, n, SquaredElement<TAcc, T>{x}, AddToAccumulator<TAcc, TAcc>{accumulator});
+  reduce_all<TAcc>(ctx, n, device::SquaredElement<TAcc, T>{x}, device::AddToAccumulator<TAcc, TAcc>{accumulator});
 }
 
 }  // namespace trainmem::cuda::detail

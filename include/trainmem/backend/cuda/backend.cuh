@@ -7,9 +7,12 @@
 // offload (offload/fetch, see NOTE [Offload ordering] in offload.cuh).
 //
 // One backend is one device and one stream. All work is queued on that stream in
-// call order, so results are ordered without synchronising; the host waits only in
-// download(), upload() (the host buffer may be reused when it returns), synchronize(),
-// and cross_entropy() (which reads an out-of-range-label flag). Kernels launch
+// call order, so results are ordered without synchronising; every call makes the
+// backend's device current first, so two backends on two GPUs can be used from one
+// thread. The host waits only where the user asks for a value or a wait: download()
+// (to_host), synchronize(), an upload from pinned memory (which the caller may reuse
+// when it returns), and the allocator's out-of-memory retry; host_syncs() counts them
+// (NOTE [Checks without a host wait]). Kernels launch
 // asynchronously: a fault inside one surfaces as trainmem::Error at the next checked
 // call. Memory is accounted per category in memory() exactly as on the CPU (requested
 // bytes); the pool, the cuBLASLt workspace and scratch buffers all come from the
@@ -21,6 +24,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <span>
 #include <vector>
@@ -50,6 +54,67 @@ inline int device_count() {
 }
 
 namespace detail {
+/// Makes `device` current unless it already is (a cudaGetDevice is cheaper than a cudaSetDevice).
+inline void make_current(int device) {
+  int current = -1;
+  if (cudaGetDevice(&current) != cudaSuccess || current != device) TRAINMEM_CUDA_CHECK(cudaSetDevice(device));
+}
+
+// NOTE [Checks without a host wait]
+// Cross-entropy labels and embedding ids are checked by the kernels that read them: an
+// index outside its range is recorded in a BadIndex (launch.cuh) in device memory and
+// the kernel goes on (a zero loss term, a zero row). Whenever the backend waits for its
+// stream anyway (download, synchronize), the records travel back with the wait (one
+// more small copy queued before it) and a claimed record is raised as trainmem::Error
+// naming the op, the index and the range, then cleared. So a step with a bad label
+// fails at the user's next to_host() or synchronize(), never later and without a wait
+// of its own; the CPU backend checks the same indices at the op.
+/// \brief The device's BadIndex records and their pinned host mirror.
+class IndexChecks {
+ public:
+  static constexpr std::size_t kBytes = sizeof(BadIndex) * static_cast<std::size_t>(IndexCheck::kCount);
+  IndexChecks() {
+    // A few control bytes, like the stream and the events: not tensor memory, so not in MemoryStats.
+    TRAINMEM_CUDA_CHECK(cudaMalloc(&device_, kBytes));
+    TRAINMEM_CUDA_CHECK(cudaMemset(device_, 0, kBytes));
+    const cudaError_t status = cudaMallocHost(&host_, kBytes);
+    if (status != cudaSuccess) {
+      cudaFree(device_);
+      throw_cuda_error(status, "cudaMallocHost(&host_, kBytes)", __FILE__, __LINE__);
+    }
+    std::memset(static_cast<void*>(host_), 0, kBytes);
+  }
+  ~IndexChecks() {
+    cudaFreeHost(host_);
+    cudaFree(device_);
+  }
+  IndexChecks(const IndexChecks&) = delete;
+  IndexChecks& operator=(const IndexChecks&) = delete;
+
+  BadIndex* device() const { return device_; }
+  /// Queues the copy of the records to the host; read them with raise() once the stream is waited for.
+  void queue_read(cudaStream_t stream) {
+    TRAINMEM_CUDA_CHECK(cudaMemcpyAsync(host_, device_, kBytes, cudaMemcpyDeviceToHost, stream));
+  }
+  /// Throws the first claimed record (after clearing all of them), if any.
+  void raise(cudaStream_t stream) {
+    for (int k = 0; k < static_cast<int>(IndexCheck::kCount); ++k) {
+      if (host_[k].claimed == 0) continue;
+      const BadIndex bad = host_[k];
+      std::memset(static_cast<void*>(host_), 0, kBytes);
+      TRAINMEM_CUDA_CHECK(cudaMemsetAsync(device_, 0, kBytes, stream));
+      const bool label = k == static_cast<int>(IndexCheck::CrossEntropyLabel);
+      throw Error(trainmem::detail::concat(label ? "cross_entropy: label " : "embedding: id ", bad.value,
+                                           label ? " at row " : " at position ", bad.position, " is outside [0, ",
+                                           bad.extent, ") (checked on the device, raised at the next host wait)"));
+    }
+  }
+
+ private:
+  BadIndex* device_ = nullptr;
+  BadIndex* host_ = nullptr;
+};
+
 /// \brief An owned, non-blocking CUDA stream.
 class StreamHandle {
  public:
@@ -88,6 +153,8 @@ class Backend {
   using TensorT = Tensor<Backend>;
   using HostCopy = cuda::HostCopy;
   static constexpr const char* kName = "cuda";
+  /// Embedding ids are checked by the kernel (NOTE [Checks without a host wait]), not by the op.
+  static constexpr bool kChecksIdsOnDevice = true;
 
   /// Uses `device`, makes it current, and creates the stream, pool and cuBLASLt handle.
   explicit Backend(int device = 0)
@@ -95,9 +162,11 @@ class Backend {
         stream_(device),
         sm_count_(detail::multiprocessor_count(device)),
         allocator_(stats_, device, stream_.get()),
+        index_checks_(),
         gemm_(context()),
         offload_(allocator_, stream_.get()) {}
   ~Backend() {
+    cudaSetDevice(device_);
     cudaStreamSynchronize(stream_.get());
     cudaGetLastError();
   }
@@ -122,25 +191,47 @@ class Backend {
   bool allow_tf32() const { return gemm_.allow_tf32(); }
   /// GEMM shapes planned so far (each is planned once).
   std::size_t gemm_plans_cached() const { return gemm_.plans_cached(); }
+  /// Host waits for this backend's streams so far (NOTE [Checks without a host wait]);
+  /// a steady-state training step adds none.
+  std::uint64_t host_syncs() const { return allocator_.host_syncs(); }
 
   // --- storage --------------------------------------------------------------------
-  void* allocate(std::size_t bytes, MemCategory category) { return allocator_.allocate(bytes, category); }
+  void* allocate(std::size_t bytes, MemCategory category) {
+    detail::make_current(device_);
+    return allocator_.allocate(bytes, category);
+  }
   void deallocate(void* ptr, std::size_t bytes, MemCategory category) { allocator_.deallocate(ptr, bytes, category); }
-  /// Host to device; returns once the host buffer may be reused.
+  /// Host to device, queued; returns once the host buffer may be reused. From pageable
+  /// memory the driver stages the bytes before it returns (the CUDA runtime's documented
+  /// behaviour for pageable host-to-device cudaMemcpyAsync), so the host does not wait
+  /// for the stream; from pinned memory the copy reads the buffer later, so this waits.
   void upload(void* dst, const void* src, std::size_t bytes) {
     if (bytes == 0) return;
+    detail::make_current(device_);
     TRAINMEM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream()));
-    TRAINMEM_CUDA_CHECK(cudaStreamSynchronize(stream()));
+    if (is_pinned(src)) allocator_.synchronize(stream());
   }
-  /// Device to host, after all queued work; returns once the bytes are there.
+  /// Host to device from pinned memory, queued: `src` must stay unchanged until the
+  /// stream has run the copy (a later synchronize, or an event recorded after this call).
+  void upload_async(void* dst, const void* src, std::size_t bytes) {
+    if (bytes == 0) return;
+    detail::make_current(device_);
+    TRAINMEM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream()));
+  }
+  /// Device to host, after all queued work; returns once the bytes are there. Raises an
+  /// index a kernel found out of range (NOTE [Checks without a host wait]).
   void download(void* dst, const void* src, std::size_t bytes) {
     if (bytes == 0) return;
+    detail::make_current(device_);
     TRAINMEM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream()));
-    TRAINMEM_CUDA_CHECK(cudaStreamSynchronize(stream()));
+    index_checks_.queue_read(stream());
+    allocator_.synchronize(stream());
+    index_checks_.raise(stream());
   }
   /// Device to device, queued; overlapping ranges go through a scratch buffer (memmove semantics).
   void copy(void* dst, const void* src, std::size_t bytes) {
     if (bytes == 0 || dst == src) return;
+    detail::make_current(device_);
     const auto* d = static_cast<const std::byte*>(dst);
     const auto* s = static_cast<const std::byte*>(src);
     if (d < s + bytes && s < d + bytes) {
@@ -153,30 +244,38 @@ class Backend {
   }
   void fill_zero(void* dst, std::size_t bytes) {
     if (bytes == 0) return;
+    detail::make_current(device_);
     TRAINMEM_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, stream()));
   }
-  /// Work queued so far (kernels and offload copies) is finished; raises any error it hit.
+  /// Work queued so far (kernels and offload copies) is finished; raises any error it hit,
+  /// and any index a kernel found out of range (NOTE [Checks without a host wait]).
   void synchronize() {
-    TRAINMEM_CUDA_CHECK(cudaStreamSynchronize(stream()));
+    detail::make_current(device_);
+    index_checks_.queue_read(stream());
+    allocator_.synchronize(stream());
     offload_.synchronize();
     allocator_.check_deferred();
+    index_checks_.raise(stream());
   }
 
   // --- kernels ---------------------------------------------------------------------
   /// C = alpha op(A) op(B) + beta C. A and B share a dtype; f64 only with f64.
   void gemm(const GemmArgs& args, const TensorT& a, const TensorT& b, const TensorT& c) {
     check_gemm_dtypes("gemm", a, b, c);
+    detail::make_current(device_);
     gemm_.run(args, a.dtype(), a.data(), b.data(), c.dtype(), c.data());
   }
   /// C = act(alpha op(A) op(B) + beta C + bias) with bias [n] added to every row (and batch
   /// entry); act is GELU (tanh form, math::GeluTanh) when `gelu`, else the identity. Fused into
-  /// the cuBLASLt epilogue where offered.
+  /// the cuBLASLt epilogue where offered: the bias is added to the FP32 accumulator, and C
+  /// is rounded once. linear() calls this when the backend has it.
   void gemm_bias(const GemmArgs& args, const TensorT& a, const TensorT& b, const TensorT& bias, const TensorT& c,
                  bool gelu) {
     check_gemm_dtypes("gemm_bias", a, b, c);
     trainmem::detail::check(bias.defined() && bias.numel() == args.n && is_floating(bias.dtype()),
                             "gemm_bias: bias must be a floating tensor of n = ", args.n, " elements, got ",
                             bias.defined() ? bias.shape().str() : std::string("undefined"));
+    detail::make_current(device_);
     gemm_.run(args, a.dtype(), a.data(), b.data(), c.dtype(), c.data(),
               gelu ? GemmEpilogue::BiasGelu : GemmEpilogue::Bias, bias.dtype(), bias.data());
   }
@@ -290,7 +389,7 @@ class Backend {
   void embedding(const TensorT& weight, const TensorT& ids, const TensorT& out) {
     visit_floating(weight.dtype(), "embedding", [&]<class T>() {
       detail::embedding(context(), weight.data_as<const T>(), ids.data_as<const std::int32_t>(), out.data_as<T>(),
-                        ids.numel(), weight.cols());
+                        ids.numel(), weight.cols(), weight.rows());
     });
   }
   /// dweight += scatter-add of dout rows (the caller zeroes dweight first); deterministic.
@@ -386,12 +485,14 @@ class Backend {
   /// the tensor at once. The copy's bytes count as HostOffload until the HostCopy is gone.
   HostCopy offload(const TensorT& tensor) {
     trainmem::detail::check(tensor.defined(), "offload: tensor is undefined");
+    detail::make_current(device_);
     return offload_.offload(tensor.data(), tensor.bytes(), tensor.shape(), tensor.dtype(), tensor.category(),
                             std::shared_ptr<const void>(tensor.storage()));
   }
   /// A new device tensor with the copy's values; main-stream work queued after this call sees them.
   TensorT fetch(HostCopy& copy) {
     trainmem::detail::check(copy.defined(), "fetch: the HostCopy is empty");
+    detail::make_current(device_);
     TensorT tensor = TensorT::empty(copy.shape(), copy.dtype(), copy.category(), *this);
     offload_.fetch_into(copy, tensor.data());
     return tensor;
@@ -408,7 +509,19 @@ class Backend {
     }
     return device;
   }
-  detail::KernelContext context() { return {stream_.get(), sm_count_, &allocator_}; }
+  /// What a launcher needs; makes the backend's device current, since every launch goes through here.
+  detail::KernelContext context() {
+    detail::make_current(device_);
+    return {stream_.get(), sm_count_, &allocator_, index_checks_.device()};
+  }
+  static bool is_pinned(const void* host) {
+    cudaPointerAttributes attributes{};
+    if (cudaPointerGetAttributes(&attributes, host) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    return attributes.type == cudaMemoryTypeHost;
+  }
 
   static void check_gemm_dtypes(const char* op, const TensorT& a, const TensorT& b, const TensorT& c) {
     trainmem::detail::check(a.dtype() == b.dtype() && is_floating(a.dtype()) && is_floating(c.dtype()), op,
@@ -440,6 +553,7 @@ class Backend {
   int sm_count_;
   MemoryStats stats_;
   Allocator allocator_;
+  detail::IndexChecks index_checks_;
   detail::GemmEngine gemm_;
   detail::OffloadEngine offload_;
 };

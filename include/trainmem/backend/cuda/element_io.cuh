@@ -8,6 +8,15 @@
 // access when pointers allow it. `load_as`/`store_as` take the dtype at run time, for
 // kernels where instantiating every dtype combination would cost more than a
 // warp-uniform switch.
+//
+// NOTE [Device-only names]
+// nvcc compiles a host function's call to a __device__-only function into `exit(1)`,
+// without a diagnostic. So every __device__-only helper and every kernel lives in
+// `trainmem::cuda::detail::device`, which unqualified lookup from host code in
+// `trainmem::cuda::detail` (the launchers) never searches: a launcher names a kernel
+// as `device::kernel`, and a host call to, say, `narrow` is a compile error instead of
+// a process exit. What both sides need is `__host__ __device__` and stays outside.
+// tests/cuda/host_exit_guard.cmake scans the compiled host code for the fingerprint.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -21,6 +30,7 @@
 
 namespace trainmem::cuda::detail {
 
+namespace device {
 // --- typed conversions ---------------------------------------------------------------
 __device__ __forceinline__ float widen(float x) { return x; }
 __device__ __forceinline__ double widen(double x) { return x; }
@@ -69,6 +79,7 @@ __device__ __forceinline__ void store_as(void* ptr, DType dtype, std::int64_t i,
     default: static_cast<std::int32_t*>(ptr)[i] = static_cast<std::int32_t>(value); break;
   }
 }
+}  // namespace device
 
 // --- packed access -----------------------------------------------------------------------
 /// N consecutive elements, aligned so that one (or, for 32 bytes, two) vector accesses move them.
@@ -91,6 +102,7 @@ inline bool pack_aligned(const void* ptr) {
   return reinterpret_cast<std::uintptr_t>(ptr) % sizeof(Pack<T, N>) == 0;
 }
 
+namespace device {
 /// Minus infinity in the accumulator type, without <limits> in device code.
 template <class Acc>
 __device__ __forceinline__ Acc negative_infinity() {
@@ -109,5 +121,6 @@ template <class Acc>
 __device__ __forceinline__ bool acc_isfinite(Acc x) {
   return x - x == Acc(0);
 }
+}  // namespace device
 
 }  // namespace trainmem::cuda::detail

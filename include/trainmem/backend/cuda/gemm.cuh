@@ -120,7 +120,9 @@ class GemmEngine {
       map_unary(ctx_, math::Identity{}, DType::F32, wide.as<const void>(), c_dtype, c, span);
       return;
     }
-    if (epilogue != GemmEpilogue::None && bias_dtype != c_dtype) {  // cuBLASLt takes the bias in C's dtype
+    // cuBLASLt takes the bias in C's dtype, from a 16-byte aligned address (a bias that is a
+    // view into a larger tensor may start anywhere): otherwise it is copied first.
+    if (epilogue != GemmEpilogue::None && (bias_dtype != c_dtype || pointer_alignment(bias) < 16)) {
       ScratchBuffer cast_bias(ctx_, static_cast<std::size_t>(g.n) * size_of(c_dtype));
       map_unary(ctx_, math::Identity{}, bias_dtype, bias, c_dtype, cast_bias.as<void>(), g.n);
       run(g, ab, a, b, c_dtype, c, epilogue, c_dtype, cast_bias.as<const void>());
@@ -289,20 +291,23 @@ class GemmEngine {
     cublasLtMatmulHeuristicResult_t result{};
     int returned = 0;
     cublasStatus_t status = CUBLAS_STATUS_SUCCESS;
-    {
+    try {
       const std::uint64_t workspace_bytes = kWorkspaceBytes;
-      cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
-                                           sizeof(workspace_bytes));
-      cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a,
-                                           sizeof(align_a));
-      cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b,
-                                           sizeof(align_b));
-      cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c,
-                                           sizeof(align_c));
-      cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c,
-                                           sizeof(align_c));
+      TRAINMEM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+          preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes, sizeof(workspace_bytes)));
+      TRAINMEM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+          preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof(align_a)));
+      TRAINMEM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+          preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof(align_b)));
+      TRAINMEM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+          preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c, sizeof(align_c)));
+      TRAINMEM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+          preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c, sizeof(align_c)));
       status = cublasLtMatmulAlgoGetHeuristic(lt_, plan.desc, plan.layout_a, plan.layout_b, plan.layout_c,
                                               plan.layout_c, preference, 1, &result, &returned);
+    } catch (...) {
+      cublasLtMatmulPreferenceDestroy(preference);
+      throw;
     }
     cublasLtMatmulPreferenceDestroy(preference);
     if (status != CUBLAS_STATUS_NOT_SUPPORTED) TRAINMEM_CUBLAS_CHECK(status);

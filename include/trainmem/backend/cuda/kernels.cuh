@@ -17,7 +17,8 @@
 //
 // Launchers take typed pointers and a KernelContext; they validate nothing (the ops
 // and the Backend methods do), except what only the device knows: an out-of-range
-// cross-entropy label is flagged on the device and raised as trainmem::Error here.
+// cross-entropy label or embedding id is recorded on the device (report_bad_index,
+// launch.cuh) and raised by the backend at its next host wait, so no launcher waits.
 #pragma once
 
 #include <cub/device/device_radix_sort.cuh>
@@ -52,6 +53,7 @@ inline bool any_f64(std::initializer_list<DType> dtypes) {
 /// How b of a binary map lines up with a: same shape, one row of a's last extent, or a scalar.
 enum class Broadcast : int { Full, Row, Scalar };
 
+namespace device {
 template <class Op, class TIn, class TOut>
 __global__ void map_unary_kernel(Op op, const TIn* in, TOut* out, std::int64_t n, bool packed) {
   using Acc = AccumulatorFor<TIn, TOut>;
@@ -125,6 +127,7 @@ __global__ void map_binary_any_kernel(Op op, const void* a, DType a_dtype, const
     store_as<Acc>(out, out_dtype, i, op(load_as<Acc>(a, a_dtype, i), load_as<Acc>(b, b_dtype, bi)));
   }
 }
+}  // namespace device
 
 /// out = op(in) element-wise; a cast is map(Identity). Casts get a kernel per dtype pair.
 template <class Op>
@@ -138,7 +141,7 @@ void map_unary(const KernelContext& ctx, Op op, DType in_dtype, const void* in, 
         if constexpr (kCast || std::is_same_v<TI, TO>) {
           constexpr int kPack = pack_width<TI, TO>();
           const bool packed = pack_aligned<TI, kPack>(in) && pack_aligned<TO, kPack>(out);
-          map_unary_kernel<<<blocks_for(ctx, n, kPack), kThreads, 0, ctx.stream>>>(
+          device::map_unary_kernel<<<blocks_for(ctx, n, kPack), kThreads, 0, ctx.stream>>>(
               op, static_cast<const TI*>(in), static_cast<TO*>(out), n, packed);
           TRAINMEM_CUDA_CHECK_LAUNCH("map_unary_kernel");
         }
@@ -147,9 +150,9 @@ void map_unary(const KernelContext& ctx, Op op, DType in_dtype, const void* in, 
     return;
   }
   if (any_f64({in_dtype, out_dtype}))
-    map_unary_any_kernel<Op, double><<<blocks_for(ctx, n), kThreads, 0, ctx.stream>>>(op, in, in_dtype, out, out_dtype, n);
+    device::map_unary_any_kernel<Op, double><<<blocks_for(ctx, n), kThreads, 0, ctx.stream>>>(op, in, in_dtype, out, out_dtype, n);
   else
-    map_unary_any_kernel<Op, float><<<blocks_for(ctx, n), kThreads, 0, ctx.stream>>>(op, in, in_dtype, out, out_dtype, n);
+    device::map_unary_any_kernel<Op, float><<<blocks_for(ctx, n), kThreads, 0, ctx.stream>>>(op, in, in_dtype, out, out_dtype, n);
   TRAINMEM_CUDA_CHECK_LAUNCH("map_unary_any_kernel");
 }
 
@@ -166,17 +169,17 @@ void map_binary(const KernelContext& ctx, Op op, DType a_dtype, const void* a, D
       const bool packed = pack_aligned<T, kPack>(a) && pack_aligned<T, kPack>(out) &&
                           (mode == Broadcast::Scalar || pack_aligned<T, kPack>(b)) &&
                           (mode != Broadcast::Row || cols % kPack == 0);
-      map_binary_kernel<<<blocks_for(ctx, n, kPack), kThreads, 0, ctx.stream>>>(
+      device::map_binary_kernel<<<blocks_for(ctx, n, kPack), kThreads, 0, ctx.stream>>>(
           op, static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(out), n, cols, mode, packed);
       TRAINMEM_CUDA_CHECK_LAUNCH("map_binary_kernel");
     });
     return;
   }
   if (any_f64({a_dtype, b_dtype, out_dtype}))
-    map_binary_any_kernel<Op, double><<<blocks_for(ctx, n), kThreads, 0, ctx.stream>>>(op, a, a_dtype, b, b_dtype, out,
+    device::map_binary_any_kernel<Op, double><<<blocks_for(ctx, n), kThreads, 0, ctx.stream>>>(op, a, a_dtype, b, b_dtype, out,
                                                                                       out_dtype, n, cols, mode);
   else
-    map_binary_any_kernel<Op, float><<<blocks_for(ctx, n), kThreads, 0, ctx.stream>>>(op, a, a_dtype, b, b_dtype, out,
+    device::map_binary_any_kernel<Op, float><<<blocks_for(ctx, n), kThreads, 0, ctx.stream>>>(op, a, a_dtype, b, b_dtype, out,
                                                                                      out_dtype, n, cols, mode);
   TRAINMEM_CUDA_CHECK_LAUNCH("map_binary_any_kernel");
 }
@@ -185,6 +188,7 @@ void map_binary(const KernelContext& ctx, Op op, DType a_dtype, const void* a, D
 // sums
 // ======================================================================================
 
+namespace device {
 template <class Acc, class TOut>
 struct StoreColumnSum {  // out[c] = beta out[c] + sum, as the CPU loop rounds it
   TOut* out;
@@ -200,18 +204,19 @@ struct StoreTotal {
   TOut* out;
   __device__ void operator()(Acc total) const { out[0] = narrow<TOut>(total); }
 };
+}  // namespace device
 
 /// out[c] = beta out[c] + sum_r in[r, c].
 template <class TIn, class TOut>
 void sum_rows(const KernelContext& ctx, const TIn* in, TOut* out, std::int64_t rows, std::int64_t cols, double beta) {
   using Acc = AccumulatorFor<TIn, TOut>;
-  reduce_columns<Acc>(ctx, rows, cols, WidenedElement<Acc, TIn>{in, cols}, StoreColumnSum<Acc, TOut>{out, beta});
+  reduce_columns<Acc>(ctx, rows, cols, device::WidenedElement<Acc, TIn>{in, cols}, device::StoreColumnSum<Acc, TOut>{out, beta});
 }
 
 template <class TIn, class TOut>
 void sum_all(const KernelContext& ctx, const TIn* in, TOut* out, std::int64_t n) {
   using Acc = AccumulatorFor<TIn, TOut>;
-  reduce_all<Acc>(ctx, n, WidenedElement<Acc, TIn>{in, 0}, StoreTotal<Acc, TOut>{out});
+  reduce_all<Acc>(ctx, n, device::WidenedElement<Acc, TIn>{in, 0}, device::StoreTotal<Acc, TOut>{out});
 }
 
 // ======================================================================================
@@ -220,6 +225,7 @@ void sum_all(const KernelContext& ctx, const TIn* in, TOut* out, std::int64_t n)
 
 /// A row's maximum and sum of exp(x - max), reduced over the block (every thread gets
 /// both): the stable base of softmax and log-sum-exp.
+namespace device {
 template <class Acc>
 struct MaxSumExp {
   Acc max;
@@ -269,11 +275,12 @@ __global__ void softmax_backward_kernel(const T* dy, const T* y, T* dx, std::int
     }
   }
 }
+}  // namespace device
 
 template <class T>
 void softmax(const KernelContext& ctx, const T* x, T* y, std::int64_t rows, std::int64_t cols, bool log_output) {
   if (rows == 0 || cols == 0) return;
-  softmax_kernel<<<row_blocks(rows), row_block_threads(cols), 0, ctx.stream>>>(x, y, rows, cols, log_output);
+  device::softmax_kernel<<<row_blocks(rows), row_block_threads(cols), 0, ctx.stream>>>(x, y, rows, cols, log_output);
   TRAINMEM_CUDA_CHECK_LAUNCH("softmax_kernel");
 }
 
@@ -281,7 +288,7 @@ template <class T>
 void softmax_backward(const KernelContext& ctx, const T* dy, const T* y, T* dx, std::int64_t rows, std::int64_t cols,
                       bool log_output) {
   if (rows == 0 || cols == 0) return;
-  softmax_backward_kernel<<<row_blocks(rows), row_block_threads(cols), 0, ctx.stream>>>(dy, y, dx, rows, cols,
+  device::softmax_backward_kernel<<<row_blocks(rows), row_block_threads(cols), 0, ctx.stream>>>(dy, y, dx, rows, cols,
                                                                                        log_output);
   TRAINMEM_CUDA_CHECK_LAUNCH("softmax_backward_kernel");
 }
@@ -290,6 +297,7 @@ void softmax_backward(const KernelContext& ctx, const T* dy, const T* y, T* dx, 
 // layer norm
 // ======================================================================================
 
+namespace device {
 template <class T, class TP, class Acc>
 __global__ void layer_norm_kernel(const T* x, const TP* gamma, const TP* beta, T* y, Acc* mean_out, Acc* rstd_out,
                                   std::int64_t rows, std::int64_t cols, Acc eps) {
@@ -356,12 +364,13 @@ struct StoreParamGrad {
   TP* out;
   __device__ void operator()(std::int64_t c, Acc sum) const { out[c] = narrow<TP>(sum); }
 };
+}  // namespace device
 
 template <class T, class TP, class Acc>
 void layer_norm(const KernelContext& ctx, const T* x, const TP* gamma, const TP* beta, T* y, Acc* mean, Acc* rstd,
                 std::int64_t rows, std::int64_t cols, double eps) {
   if (rows == 0 || cols == 0) return;
-  layer_norm_kernel<<<row_blocks(rows), row_block_threads(cols), 0, ctx.stream>>>(x, gamma, beta, y, mean, rstd, rows,
+  device::layer_norm_kernel<<<row_blocks(rows), row_block_threads(cols), 0, ctx.stream>>>(x, gamma, beta, y, mean, rstd, rows,
                                                                                  cols, static_cast<Acc>(eps));
   TRAINMEM_CUDA_CHECK_LAUNCH("layer_norm_kernel");
 }
@@ -372,24 +381,23 @@ void layer_norm_backward(const KernelContext& ctx, const T* dy, const T* x, cons
                          const Acc* rstd, T* dx, TP* dgamma, TP* dbeta, std::int64_t rows, std::int64_t cols) {
   if (cols == 0) return;
   if (rows > 0) {
-    layer_norm_backward_dx_kernel<<<row_blocks(rows), row_block_threads(cols), 0, ctx.stream>>>(dy, x, gamma, mean,
+    device::layer_norm_backward_dx_kernel<<<row_blocks(rows), row_block_threads(cols), 0, ctx.stream>>>(dy, x, gamma, mean,
                                                                                                rstd, dx, rows, cols);
     TRAINMEM_CUDA_CHECK_LAUNCH("layer_norm_backward_dx_kernel");
   }
-  reduce_columns<Acc>(ctx, rows, cols, LayerNormGammaTerm<Acc, T>{dy, x, mean, rstd, cols},
-                      StoreParamGrad<Acc, TP>{dgamma});
-  reduce_columns<Acc>(ctx, rows, cols, WidenedElement<Acc, T>{dy, cols}, StoreParamGrad<Acc, TP>{dbeta});
+  reduce_columns<Acc>(ctx, rows, cols, device::LayerNormGammaTerm<Acc, T>{dy, x, mean, rstd, cols},
+                      device::StoreParamGrad<Acc, TP>{dgamma});
+  reduce_columns<Acc>(ctx, rows, cols, device::WidenedElement<Acc, T>{dy, cols}, device::StoreParamGrad<Acc, TP>{dbeta});
 }
 
 // ======================================================================================
 // cross-entropy
 // ======================================================================================
 
-inline constexpr unsigned long long kNoBadRow = ~0ull;
-
+namespace device {
 template <class T, class Acc>
 __global__ void cross_entropy_rows_kernel(const T* logits, const std::int32_t* labels, Acc* lse, Acc* row_loss,
-                                          std::int64_t rows, std::int64_t cols, unsigned long long* bad_row) {
+                                          std::int64_t rows, std::int64_t cols, BadIndex* bad_label) {
   for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const T* xr = logits + r * cols;
     const auto [max, sum] = block_max_and_sum_exp<Acc>(xr, cols);
@@ -398,7 +406,7 @@ __global__ void cross_entropy_rows_kernel(const T* logits, const std::int32_t* l
       lse[r] = row_lse;
       const std::int32_t label = labels[r];
       if (label < 0 || label >= cols) {
-        atomicMin(bad_row, static_cast<unsigned long long>(r));
+        report_bad_index(bad_label, r, label, cols);
         row_loss[r] = Acc(0);
       } else {
         row_loss[r] = row_lse - load<Acc>(xr, label);
@@ -419,35 +427,24 @@ struct LoadPlain {
   const Acc* in;
   __device__ Acc operator()(std::int64_t i) const { return in[i]; }
 };
+}  // namespace device
 
-/// Mean cross-entropy; keeps each row's log-sum-exp. Throws (after one synchronisation to
-/// read the device's flag) when a label is outside [0, cols), naming the first such row.
+/// Mean cross-entropy; keeps each row's log-sum-exp. A label outside [0, cols) counts as
+/// a zero loss here and is recorded in ctx.bad_indices, which the backend raises later.
 template <class T, class Acc>
 void cross_entropy(const KernelContext& ctx, const T* logits, const std::int32_t* labels, Acc* loss, Acc* lse,
                    std::int64_t rows, std::int64_t cols) {
   ScratchBuffer row_loss(ctx, static_cast<std::size_t>(rows) * sizeof(Acc));
-  ScratchBuffer bad_row(ctx, sizeof(unsigned long long));
-  TRAINMEM_CUDA_CHECK(cudaMemsetAsync(bad_row.as<void>(), 0xff, sizeof(unsigned long long), ctx.stream));
   if (rows > 0) {
-    cross_entropy_rows_kernel<<<row_blocks(rows), row_block_threads(cols), 0, ctx.stream>>>(
-        logits, labels, lse, row_loss.as<Acc>(), rows, cols, bad_row.as<unsigned long long>());
+    device::cross_entropy_rows_kernel<<<row_blocks(rows), row_block_threads(cols), 0, ctx.stream>>>(
+        logits, labels, lse, row_loss.as<Acc>(), rows, cols,
+        ctx.bad_indices + static_cast<int>(IndexCheck::CrossEntropyLabel));
     TRAINMEM_CUDA_CHECK_LAUNCH("cross_entropy_rows_kernel");
   }
-  reduce_all<Acc>(ctx, rows, LoadPlain<Acc>{row_loss.as<const Acc>()}, StoreMean<Acc>{loss, rows});
-  unsigned long long first_bad = kNoBadRow;
-  TRAINMEM_CUDA_CHECK(cudaMemcpyAsync(&first_bad, bad_row.as<const void>(), sizeof first_bad, cudaMemcpyDeviceToHost,
-                                      ctx.stream));
-  TRAINMEM_CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
-  if (first_bad != kNoBadRow) {
-    std::int32_t label = 0;
-    TRAINMEM_CUDA_CHECK(
-        cudaMemcpyAsync(&label, labels + first_bad, sizeof label, cudaMemcpyDeviceToHost, ctx.stream));
-    TRAINMEM_CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
-    throw Error(trainmem::detail::concat("cross_entropy: label ", label, " at row ", first_bad, " is outside [0, ",
-                                         cols, ")"));
-  }
+  reduce_all<Acc>(ctx, rows, device::LoadPlain<Acc>{row_loss.as<const Acc>()}, device::StoreMean<Acc>{loss, rows});
 }
 
+namespace device {
 template <class T, class Acc>
 __global__ void cross_entropy_backward_kernel(const Acc* dloss, const T* logits, const std::int32_t* labels,
                                               const Acc* lse, T* dlogits, std::int64_t rows, std::int64_t cols) {
@@ -459,13 +456,14 @@ __global__ void cross_entropy_backward_kernel(const Acc* dloss, const T* logits,
     dlogits[i] = narrow<T>(scale * (p - (c == labels[r] ? Acc(1) : Acc(0))));
   }
 }
+}  // namespace device
 
 /// dlogits = dloss / rows * (softmax(logits) - onehot(label)); dloss is read on the device.
 template <class T, class Acc>
 void cross_entropy_backward(const KernelContext& ctx, const Acc* dloss, const T* logits, const std::int32_t* labels,
                             const Acc* lse, T* dlogits, std::int64_t rows, std::int64_t cols) {
   if (rows * cols == 0) return;
-  cross_entropy_backward_kernel<<<blocks_for(ctx, rows * cols), kThreads, 0, ctx.stream>>>(dloss, logits, labels, lse,
+  device::cross_entropy_backward_kernel<<<blocks_for(ctx, rows * cols), kThreads, 0, ctx.stream>>>(dloss, logits, labels, lse,
                                                                                           dlogits, rows, cols);
   TRAINMEM_CUDA_CHECK_LAUNCH("cross_entropy_backward_kernel");
 }
@@ -476,6 +474,7 @@ void cross_entropy_backward(const KernelContext& ctx, const Acc* dloss, const T*
 
 /// out [a, c, b, d] from in [a, b, c, d]; one thread per output element, so writes coalesce
 /// and reads do too whenever d spans a warp. Index is 32-bit when the tensor allows.
+namespace device {
 template <class T, class Index>
 __global__ void swap_middle_axes_kernel(const T* in, T* out, Index n, Index b, Index c, Index d) {
   for (Index o = static_cast<Index>(global_thread()); o < n; o += static_cast<Index>(grid_stride())) {
@@ -488,6 +487,7 @@ __global__ void swap_middle_axes_kernel(const T* in, T* out, Index n, Index b, I
     out[o] = in[((i * b + j) * c + k) * d + e];
   }
 }
+}  // namespace device
 
 template <class T>
 void swap_middle_axes(const KernelContext& ctx, const T* in, T* out, std::int64_t a, std::int64_t b, std::int64_t c,
@@ -496,14 +496,15 @@ void swap_middle_axes(const KernelContext& ctx, const T* in, T* out, std::int64_
   if (n == 0) return;
   const unsigned blocks = blocks_for(ctx, n);
   if (n < (std::int64_t{1} << 31))
-    swap_middle_axes_kernel<T, std::uint32_t><<<blocks, kThreads, 0, ctx.stream>>>(
+    device::swap_middle_axes_kernel<T, std::uint32_t><<<blocks, kThreads, 0, ctx.stream>>>(
         in, out, static_cast<std::uint32_t>(n), static_cast<std::uint32_t>(b), static_cast<std::uint32_t>(c),
         static_cast<std::uint32_t>(d));
   else
-    swap_middle_axes_kernel<T, std::int64_t><<<blocks, kThreads, 0, ctx.stream>>>(in, out, n, b, c, d);
+    device::swap_middle_axes_kernel<T, std::int64_t><<<blocks, kThreads, 0, ctx.stream>>>(in, out, n, b, c, d);
   TRAINMEM_CUDA_CHECK_LAUNCH("swap_middle_axes_kernel");
 }
 
+namespace device {
 template <class T, class Index>
 __global__ void causal_mask_kernel(const T* in, T* out, Index n, Index t, T fill) {
   for (Index at = static_cast<Index>(global_thread()); at < n; at += static_cast<Index>(grid_stride())) {
@@ -511,19 +512,20 @@ __global__ void causal_mask_kernel(const T* in, T* out, Index n, Index t, T fill
     out[at] = j > i ? fill : in[at];
   }
 }
+}  // namespace device
 
 /// Copies [batch, t, t] and sets entries above the diagonal (key after query) to `fill`.
 template <class T>
 void causal_mask(const KernelContext& ctx, const T* in, T* out, std::int64_t batch, std::int64_t t, double fill) {
   const std::int64_t n = batch * t * t;
   if (n == 0) return;
-  const T fill_value = narrow<T>(static_cast<AccumulatorOf<T>>(fill));
+  const T fill_value = trainmem::detail::narrow<T>(static_cast<AccumulatorOf<T>>(fill));
   const unsigned blocks = blocks_for(ctx, n);
   if (n < (std::int64_t{1} << 31))
-    causal_mask_kernel<T, std::uint32_t><<<blocks, kThreads, 0, ctx.stream>>>(in, out, static_cast<std::uint32_t>(n),
+    device::causal_mask_kernel<T, std::uint32_t><<<blocks, kThreads, 0, ctx.stream>>>(in, out, static_cast<std::uint32_t>(n),
                                                                              static_cast<std::uint32_t>(t), fill_value);
   else
-    causal_mask_kernel<T, std::int64_t><<<blocks, kThreads, 0, ctx.stream>>>(in, out, n, t, fill_value);
+    device::causal_mask_kernel<T, std::int64_t><<<blocks, kThreads, 0, ctx.stream>>>(in, out, n, t, fill_value);
   TRAINMEM_CUDA_CHECK_LAUNCH("causal_mask_kernel");
 }
 
@@ -535,6 +537,7 @@ void causal_mask(const KernelContext& ctx, const T* in, T* out, std::int64_t bat
 /// exactly as trainmem::detail::random_uniform draws it on the CPU. One Philox call
 /// yields four consecutive draws; when the stream starts on a multiple of four (always,
 /// for streams from Generator::take) each thread uses all four.
+namespace device {
 template <class T>
 __global__ void dropout_kernel(const T* in, T* out, std::int64_t n, float p, RngState rng) {
   using Acc = AccumulatorOf<T>;
@@ -561,11 +564,12 @@ __global__ void dropout_kernel(const T* in, T* out, std::int64_t n, float p, Rng
     }
   }
 }
+}  // namespace device
 
 template <class T>
 void dropout(const KernelContext& ctx, const T* in, T* out, std::int64_t n, float p, RngState rng) {
   if (n == 0) return;
-  dropout_kernel<<<blocks_for(ctx, (n + 3) / 4), kThreads, 0, ctx.stream>>>(in, out, n, p, rng);
+  device::dropout_kernel<<<blocks_for(ctx, (n + 3) / 4), kThreads, 0, ctx.stream>>>(in, out, n, p, rng);
   TRAINMEM_CUDA_CHECK_LAUNCH("dropout_kernel");
 }
 
@@ -573,24 +577,35 @@ void dropout(const KernelContext& ctx, const T* in, T* out, std::int64_t n, floa
 // embedding
 // ======================================================================================
 
+namespace device {
+/// An id outside [0, vocab) gives a zero row and is recorded in `bad_id`.
 template <class T>
 __global__ void embedding_kernel(const T* weight, const std::int32_t* ids, T* out, std::int64_t count,
-                                 std::int64_t dim) {
+                                 std::int64_t dim, std::int64_t vocab, BadIndex* bad_id) {
   const std::int64_t n = count * dim;
   for (std::int64_t at = global_thread(); at < n; at += grid_stride()) {
     const std::int64_t i = at / dim, d = at - i * dim;
-    out[at] = weight[static_cast<std::int64_t>(ids[i]) * dim + d];
+    const std::int64_t id = ids[i];
+    if (id >= 0 && id < vocab) {
+      out[at] = weight[id * dim + d];
+    } else {
+      out[at] = T{};
+      if (d == 0) report_bad_index(bad_id, i, id, vocab);
+    }
   }
 }
+}  // namespace device
 
 template <class T>
 void embedding(const KernelContext& ctx, const T* weight, const std::int32_t* ids, T* out, std::int64_t count,
-               std::int64_t dim) {
+               std::int64_t dim, std::int64_t vocab) {
   if (count * dim == 0) return;
-  embedding_kernel<<<blocks_for(ctx, count * dim), kThreads, 0, ctx.stream>>>(weight, ids, out, count, dim);
+  device::embedding_kernel<<<blocks_for(ctx, count * dim), kThreads, 0, ctx.stream>>>(
+      weight, ids, out, count, dim, vocab, ctx.bad_indices + static_cast<int>(IndexCheck::EmbeddingId));
   TRAINMEM_CUDA_CHECK_LAUNCH("embedding_kernel");
 }
 
+namespace device {
 template <class I>
 __global__ void iota_kernel(I* out, std::int64_t n) {
   for (std::int64_t i = global_thread(); i < n; i += grid_stride()) out[i] = static_cast<I>(i);
@@ -618,6 +633,7 @@ __global__ void embedding_backward_kernel(const T* dout, const std::uint32_t* so
     }
   }
 }
+}  // namespace device
 
 /// dweight (zeroed by the caller) += scatter of dout rows by id: a stable radix sort of
 /// the ids groups equal ids without atomics, so the sums are deterministic.
@@ -630,12 +646,15 @@ void embedding_backward(const KernelContext& ctx, const T* dout, const std::int3
   const int items = static_cast<int>(count);
   int end_bit = 1;
   while (end_bit < 32 && (std::int64_t{1} << end_bit) < vocab) ++end_bit;
-  // Ids are non-negative (the op checks), so sorting their bits as unsigned keeps their order.
+  // Sorting the ids' low end_bit bits as unsigned keeps the order of valid ids. An id
+  // outside [0, vocab) adds nothing (the kernel skips it), but may split the run of a
+  // valid id that shares its low bits; the forward recorded it, so this step raises at
+  // the next host wait and its gradient is not to be used (memory stays in bounds).
   const auto* keys_in = reinterpret_cast<const std::uint32_t*>(ids);
   ScratchBuffer keys_out(ctx, count * sizeof(std::uint32_t));
   ScratchBuffer positions_in(ctx, count * sizeof(std::int32_t));
   ScratchBuffer positions_out(ctx, count * sizeof(std::int32_t));
-  iota_kernel<<<blocks_for(ctx, count), kThreads, 0, ctx.stream>>>(positions_in.as<std::int32_t>(), count);
+  device::iota_kernel<<<blocks_for(ctx, count), kThreads, 0, ctx.stream>>>(positions_in.as<std::int32_t>(), count);
   TRAINMEM_CUDA_CHECK_LAUNCH("iota_kernel");
   std::size_t temp_bytes = 0;
   TRAINMEM_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, keys_in, keys_out.as<std::uint32_t>(),
@@ -648,7 +667,7 @@ void embedding_backward(const KernelContext& ctx, const T* dout, const std::int3
   const unsigned threads = 128;
   const dim3 grid(static_cast<unsigned>(std::min<std::int64_t>(count, std::int64_t{1} << 20)),
                   static_cast<unsigned>(std::min<std::int64_t>((dim + threads - 1) / threads, 65535)));
-  embedding_backward_kernel<<<grid, threads, 0, ctx.stream>>>(dout, keys_out.as<const std::uint32_t>(),
+  device::embedding_backward_kernel<<<grid, threads, 0, ctx.stream>>>(dout, keys_out.as<const std::uint32_t>(),
                                                               positions_out.as<const std::int32_t>(), dweight, count,
                                                               dim, static_cast<std::uint32_t>(vocab));
   TRAINMEM_CUDA_CHECK_LAUNCH("embedding_backward_kernel");
@@ -661,6 +680,7 @@ void embedding_backward(const KernelContext& ctx, const T* dout, const std::int3
 /// One optimizer pass over param (TP, the f32/f64 master): the gradient and the optional
 /// 16-bit model copy have run-time dtypes; with `skip` set and non-zero, nothing changes.
 /// A bf16 copy may be rounded stochastically with draw i of `rng` (amp::bf16_round_stochastic).
+namespace device {
 template <class Update, class TP>
 __global__ void apply_update_kernel(Update update, TP* param, const void* grad, DType grad_dtype, TP* state1,
                                     TP* state2, void* copy, DType copy_dtype, std::int64_t n, const float* skip,
@@ -682,6 +702,7 @@ __global__ void apply_update_kernel(Update update, TP* param, const void* grad, 
       store_as<TP>(copy, copy_dtype, i, p);
   }
 }
+}  // namespace device
 
 template <class Update, class TP>
 void apply_update(const KernelContext& ctx, Update update, TP* param, const void* grad, DType grad_dtype, TP* state1,
@@ -689,7 +710,7 @@ void apply_update(const KernelContext& ctx, Update update, TP* param, const void
                   const amp::CopyRounding& rounding) {
   if (n == 0) return;
   const bool stochastic = copy != nullptr && rounding.mode == amp::RoundingMode::Stochastic;
-  apply_update_kernel<<<blocks_for(ctx, n), kThreads, 0, ctx.stream>>>(update, param, grad, grad_dtype, state1, state2,
+  device::apply_update_kernel<<<blocks_for(ctx, n), kThreads, 0, ctx.stream>>>(update, param, grad, grad_dtype, state1, state2,
                                                                       copy, copy_dtype, n, skip, stochastic,
                                                                       rounding.rng);
   TRAINMEM_CUDA_CHECK_LAUNCH("apply_update_kernel");

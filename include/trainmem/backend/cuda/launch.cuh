@@ -20,10 +20,22 @@ namespace trainmem::cuda::detail {
 /// Threads per block for element-wise and row kernels.
 inline constexpr int kThreads = 256;
 
+/// An index a kernel found outside its range (a cross-entropy label, an embedding id).
+/// The first thread to find one claims the record; the backend reads the records when it
+/// next waits for its stream and raises them as trainmem::Error (cuda::Backend, NOTE
+/// [Checks without a host wait]). 0 in `claimed` means nothing was found.
+struct BadIndex {
+  unsigned long long claimed;
+  long long position, value, extent;
+};
+/// Which record a check writes.
+enum class IndexCheck : int { CrossEntropyLabel = 0, EmbeddingId = 1, kCount = 2 };
+
 struct KernelContext {
   cudaStream_t stream;
   int sm_count;
   Allocator* allocator;
+  BadIndex* bad_indices;  // IndexCheck::kCount records on the device
 };
 
 /// Blocks of kThreads threads covering `items` work items of `per_thread` each, at most 32 per SM.
@@ -55,11 +67,21 @@ class ScratchBuffer {
   void* data_;
 };
 
+namespace device {
 /// Index of this thread in a 1-D grid, and the grid's stride, as 64-bit values.
 __device__ __forceinline__ std::int64_t global_thread() {
   return static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
 }
 __device__ __forceinline__ std::int64_t grid_stride() { return static_cast<std::int64_t>(gridDim.x) * blockDim.x; }
+
+/// Records `value` at `position` as outside [0, extent) unless an earlier report claimed the record.
+__device__ inline void report_bad_index(BadIndex* record, long long position, long long value, long long extent) {
+  if (atomicCAS(&record->claimed, 0ull, 1ull) == 0ull) {
+    record->position = position;
+    record->value = value;
+    record->extent = extent;
+  }
+}
 
 // --- block reductions --------------------------------------------------------------------
 struct SumOp {
@@ -103,6 +125,7 @@ __device__ T block_all_reduce(T value, Combine combine, T identity) {
   __syncthreads();  // the next call reuses partial and result
   return out;
 }
+}  // namespace device
 
 /// Threads per block for a kernel that gives each row one block: a multiple of 32 that
 /// gives each thread about four elements, between 32 and 512.

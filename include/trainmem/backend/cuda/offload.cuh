@@ -16,6 +16,12 @@
 //     or writes it has completed (its event is polled, not waited on).
 // Pinned bytes count as MemCategory::HostOffload from offload() until they return.
 // Finished entries are reclaimed on each offload(), fetch() and synchronize().
+//
+// Polling an event that has not completed returns cudaErrorNotReady and also leaves it
+// as the thread's last error, where the next launch check would report it as a failed
+// launch; every poll goes through event_complete(), which takes it back. A HostCopy
+// is handed out only once its buffer and its event exist, so a failed offload leaves
+// nothing behind in the engine.
 #pragma once
 
 #include <cstddef>
@@ -32,7 +38,18 @@ namespace trainmem::cuda {
 
 namespace detail {
 class OffloadEngine;
+
+/// Whether `event`'s work has completed; never leaves cudaErrorNotReady as the last error.
+inline bool event_complete(cudaEvent_t event) {
+  const cudaError_t status = cudaEventQuery(event);
+  if (status == cudaSuccess) return true;
+  if (status == cudaErrorNotReady) {
+    if (cudaPeekAtLastError() == cudaErrorNotReady) cudaGetLastError();
+    return false;
+  }
+  throw_cuda_error(status, "cudaEventQuery(event)", __FILE__, __LINE__);
 }
+}  // namespace detail
 
 /// \brief A tensor's bytes in pinned host memory (see NOTE [Offload ordering]).
 class HostCopy {
@@ -51,7 +68,7 @@ class HostCopy {
   /// The category the tensor had on the device (fetch gives it back).
   MemCategory category() const { return category_; }
   /// Whether every copy queued on this buffer so far has completed (does not block).
-  bool ready() const { return event_ == nullptr || cudaEventQuery(event_) == cudaSuccess; }
+  bool ready() const { return event_ == nullptr || detail::event_complete(event_); }
   /// The pinned bytes; read them only once ready() (or after a synchronize).
   const void* host_data() const { return host_; }
 
@@ -90,14 +107,24 @@ class OffloadEngine {
   HostCopy offload(const void* device_data, std::size_t bytes, Shape shape, DType dtype, MemCategory category,
                    std::shared_ptr<const void> keep_alive) {
     reclaim();
+    void* host = allocator_.allocate_host(bytes);
+    cudaEvent_t event = nullptr;
+    try {
+      event = new_event();
+    } catch (...) {
+      allocator_.deallocate_host(host, bytes);
+      throw;
+    }
+    // From here the copy owns the buffer and the event; if a call below throws, its
+    // destructor hands both back through release() like any other HostCopy.
     HostCopy copy;
     copy.engine_ = this;
-    copy.host_ = allocator_.allocate_host(bytes);
+    copy.host_ = host;
     copy.bytes_ = bytes;
     copy.shape_ = std::move(shape);
     copy.dtype_ = dtype;
     copy.category_ = category;
-    TRAINMEM_CUDA_CHECK(cudaEventCreateWithFlags(&copy.event_, cudaEventDisableTiming));
+    copy.event_ = event;
     cudaEvent_t produced = new_event();
     TRAINMEM_CUDA_CHECK(cudaEventRecord(produced, main_));
     TRAINMEM_CUDA_CHECK(cudaStreamWaitEvent(side_, produced, 0));
@@ -128,6 +155,10 @@ class OffloadEngine {
 
   /// Takes back a HostCopy's buffer once its last copy completes (called by ~HostCopy).
   void release(void* host, std::size_t bytes, cudaEvent_t last_use) noexcept {
+    if (last_use == nullptr) {  // no copy was ever queued on the buffer
+      allocator_.deallocate_host(host, bytes);
+      return;
+    }
     try {
       pending_.push_back({last_use, nullptr, host, bytes, true});
     } catch (...) {
@@ -139,10 +170,7 @@ class OffloadEngine {
 
   /// Drops every pending entry whose copy has completed.
   void reclaim() {
-    while (!pending_.empty()) {
-      const cudaError_t status = cudaEventQuery(pending_.front().done);
-      if (status == cudaErrorNotReady) break;
-      TRAINMEM_CUDA_CHECK(status);
+    while (!pending_.empty() && event_complete(pending_.front().done)) {
       finish(pending_.front());
       pending_.pop_front();
     }
@@ -151,7 +179,7 @@ class OffloadEngine {
   std::size_t pending() const { return pending_.size(); }
 
   void synchronize() {
-    TRAINMEM_CUDA_CHECK(cudaStreamSynchronize(side_));
+    allocator_.synchronize(side_);
     reclaim();
   }
 

@@ -17,6 +17,7 @@
 namespace trainmem::cuda::detail {
 
 // --- sum of all elements ----------------------------------------------------------------
+namespace device {
 template <class Acc, class ValueAt>
 __global__ void reduce_all_partials_kernel(ValueAt value, std::int64_t n, Acc* partial) {
   Acc acc = Acc(0);
@@ -32,15 +33,16 @@ __global__ void reduce_all_finish_kernel(const Acc* partial, int count, Finish f
   acc = block_all_reduce(acc, SumOp{}, Acc(0));
   if (threadIdx.x == 0) finish(acc);
 }
+}  // namespace device
 
 /// finish(sum over i < n of value(i)), summed in Acc.
 template <class Acc, class ValueAt, class Finish>
 void reduce_all(const KernelContext& ctx, std::int64_t n, ValueAt value, Finish finish) {
   const unsigned blocks = std::min(blocks_for(ctx, n, 8), 1024u);
   ScratchBuffer partial(ctx, blocks * sizeof(Acc));
-  reduce_all_partials_kernel<Acc><<<blocks, kThreads, 0, ctx.stream>>>(value, n, partial.as<Acc>());
+  device::reduce_all_partials_kernel<Acc><<<blocks, kThreads, 0, ctx.stream>>>(value, n, partial.as<Acc>());
   TRAINMEM_CUDA_CHECK_LAUNCH("reduce_all_partials_kernel");
-  reduce_all_finish_kernel<Acc><<<1, kThreads, 0, ctx.stream>>>(partial.as<const Acc>(), static_cast<int>(blocks), finish);
+  device::reduce_all_finish_kernel<Acc><<<1, kThreads, 0, ctx.stream>>>(partial.as<const Acc>(), static_cast<int>(blocks), finish);
   TRAINMEM_CUDA_CHECK_LAUNCH("reduce_all_finish_kernel");
 }
 
@@ -48,6 +50,7 @@ void reduce_all(const KernelContext& ctx, std::int64_t n, ValueAt value, Finish 
 inline constexpr int kColumnTile = 32;  // columns per block: one per lane, coalesced
 inline constexpr int kColumnRows = 8;   // rows a block walks in parallel
 
+namespace device {
 template <class Acc, class ValueAt>
 __global__ void reduce_columns_partials_kernel(ValueAt value, std::int64_t rows, std::int64_t cols,
                                                std::int64_t rows_per_chunk, Acc* partial) {
@@ -75,6 +78,7 @@ __global__ void reduce_columns_finish_kernel(const Acc* partial, std::int64_t ch
     finish(c, sum);
   }
 }
+}  // namespace device
 
 /// finish(c, sum over r < rows of value(r, c)) for every c < cols, summed in Acc.
 template <class Acc, class ValueAt, class Finish>
@@ -90,14 +94,15 @@ void reduce_columns(const KernelContext& ctx, std::int64_t rows, std::int64_t co
   ScratchBuffer partial(ctx, static_cast<std::size_t>(chunks * cols) * sizeof(Acc));
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(chunks));
   const dim3 block(kColumnTile, kColumnRows);
-  reduce_columns_partials_kernel<Acc><<<grid, block, 0, ctx.stream>>>(value, rows, cols, rows_per_chunk,
+  device::reduce_columns_partials_kernel<Acc><<<grid, block, 0, ctx.stream>>>(value, rows, cols, rows_per_chunk,
                                                                       partial.as<Acc>());
   TRAINMEM_CUDA_CHECK_LAUNCH("reduce_columns_partials_kernel");
-  reduce_columns_finish_kernel<Acc><<<blocks_for(ctx, cols), kThreads, 0, ctx.stream>>>(partial.as<const Acc>(), chunks,
+  device::reduce_columns_finish_kernel<Acc><<<blocks_for(ctx, cols), kThreads, 0, ctx.stream>>>(partial.as<const Acc>(), chunks,
                                                                                       cols, finish);
   TRAINMEM_CUDA_CHECK_LAUNCH("reduce_columns_finish_kernel");
 }
 
+namespace device {
 // --- common summands and finishes ---------------------------------------------------------
 /// in[i] widened (a flat sum) or in[r * cols + c] widened (a column sum).
 template <class Acc, class T>
@@ -107,5 +112,6 @@ struct WidenedElement {
   __device__ Acc operator()(std::int64_t i) const { return load<Acc>(in, i); }
   __device__ Acc operator()(std::int64_t r, std::int64_t c) const { return load<Acc>(in, r * cols + c); }
 };
+}  // namespace device
 
 }  // namespace trainmem::cuda::detail
