@@ -42,6 +42,7 @@
 #include "trainmem/optim/clip_grad_norm.hpp"
 #include "trainmem/optim/sgd.hpp"
 
+#include "trainmem/checkpoint/planner.hpp"
 #include "trainmem/checkpoint/policy.hpp"
 #include "trainmem/checkpoint/region.hpp"
 #include "trainmem/checkpoint/replay_state.hpp"
