@@ -8,9 +8,12 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
 #include <string>
 #include <string_view>
+#include <vector>
 
+#include "trainmem/checkpoint/planner_profile.hpp"
 #include "trainmem/error.hpp"
 
 namespace examples {
@@ -25,9 +28,12 @@ struct CheckpointSchedule {
     Sqrt,       // about sqrt(N) segments of the N stages; keep only segment inputs
     Every,      // a segment boundary every K stages
     Selective,  // inside each stage, keep matmul outputs and recompute the cheap ops
+    Plan,       // what the checkpoint planner picks for a whole-step budget
   };
   Kind kind = Kind::None;
   std::int64_t every = 0;  // K, for Kind::Every
+  double plan_fraction = 0.0;  // Kind::Plan: the budget as a fraction of the plain FP32 step's peak
+  std::vector<trainmem::Segment> plan;  // Kind::Plan: the planner's segments, once planned
 
   bool operator==(const CheckpointSchedule&) const = default;
 };
@@ -54,6 +60,11 @@ inline std::string name_of(const CheckpointSchedule& s) {
       return "every:" + std::to_string(s.every);
     case CheckpointSchedule::Kind::Selective:
       return "selective";
+    case CheckpointSchedule::Kind::Plan: {
+      char text[32];
+      std::snprintf(text, sizeof text, "plan:%g", s.plan_fraction);
+      return text;
+    }
   }
   return "?";
 }
@@ -71,12 +82,35 @@ inline Device parse_device(std::string_view text) {
   throw trainmem::Error(trainmem::detail::concat("--device: '", text, "' is not one of cpu, cuda"));
 }
 
-/// "none", "sqrt", "selective" or "every:K" with K a positive integer.
+/// "none", "sqrt", "selective", "every:K" with K a positive integer, or "plan:F" with F
+/// in (0, 1]: the planner's fastest schedule within F times the plain FP32 step's peak.
 inline CheckpointSchedule parse_checkpoint(std::string_view text) {
   using Kind = CheckpointSchedule::Kind;
-  if (text == "none") return {Kind::None, 0};
-  if (text == "sqrt") return {Kind::Sqrt, 0};
-  if (text == "selective") return {Kind::Selective, 0};
+  const auto of = [](Kind kind, std::int64_t every = 0) {
+    CheckpointSchedule s;
+    s.kind = kind;
+    s.every = every;
+    return s;
+  };
+  if (text == "none") return of(Kind::None);
+  if (text == "sqrt") return of(Kind::Sqrt);
+  if (text == "selective") return of(Kind::Selective);
+  constexpr std::string_view kPlan = "plan:";
+  if (text.substr(0, kPlan.size()) == kPlan) {
+    const std::string digits(text.substr(kPlan.size()));
+    std::size_t used = 0;
+    double f = 0.0;
+    try {
+      f = std::stod(digits, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    trainmem::detail::check(!digits.empty() && used == digits.size() && f > 0.0 && f <= 1.0, "--checkpoint: '", text,
+                            "' needs a fraction in (0, 1] of the plain FP32 step's peak after 'plan:', e.g. plan:0.5");
+    CheckpointSchedule s = of(Kind::Plan);
+    s.plan_fraction = f;
+    return s;
+  }
   constexpr std::string_view kEvery = "every:";
   if (text.substr(0, kEvery.size()) == kEvery) {
     const std::string digits(text.substr(kEvery.size()));
@@ -89,10 +123,10 @@ inline CheckpointSchedule parse_checkpoint(std::string_view text) {
     }
     trainmem::detail::check(!digits.empty() && used == digits.size() && k > 0, "--checkpoint: '", text,
                             "' needs a positive whole number of stages after 'every:', e.g. every:2");
-    return {Kind::Every, static_cast<std::int64_t>(k)};
+    return of(Kind::Every, static_cast<std::int64_t>(k));
   }
   throw trainmem::Error(
-      trainmem::detail::concat("--checkpoint: '", text, "' is not one of none, sqrt, every:K, selective"));
+      trainmem::detail::concat("--checkpoint: '", text, "' is not one of none, sqrt, every:K, selective, plan:F"));
 }
 
 /// \brief Precision, checkpoint schedule and device of one training run.

@@ -4,7 +4,8 @@
 // Var -> Var. Two seams decide what a step costs in memory, and each lives in one
 // place here:
 //  - `run_stages` runs the stages under a checkpoint schedule (which activations are
-//    kept and which are recomputed in backward);
+//    kept and which are recomputed in backward; a planned schedule runs the planner's
+//    segments through a ChainRunner);
 //  - `PrecisionRunner` wraps the forward (autocast) and the backward plus optimizer
 //    step (loss scaling, FP32 master weights).
 // `train_step` marks the phases of a step (forward, backward, optimizer) on the
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "common/settings.hpp"
+#include "trainmem/checkpoint/planner.hpp"
 #include "trainmem/trainmem.hpp"
 
 namespace examples {
@@ -48,6 +50,9 @@ trainmem::Var<B> run_stages(const std::vector<Stage<B>>& stages, trainmem::Var<B
       for (const auto& stage : stages) x = tm::checkpoint(tape, options, stage, x);
       return x;
     }
+    case CheckpointSchedule::Kind::Plan:  // the planner's segments, through ordinary regions
+      tm::detail::check(!schedule.plan.empty(), "run_stages: checkpoint ", name_of(schedule), " has not been planned");
+      return tm::ChainRunner<B>(stages, schedule.plan)(x);
   }
   return x;
 }
@@ -88,7 +93,13 @@ class PrecisionRunner {
   /// Backward from `loss` (scaled under FP16), then one optimizer step (skipped on an
   /// overflow) and zeroed gradients. Returns whether the optimizer stepped.
   bool backward_and_step(const trainmem::Var<B>& loss, trainmem::MemoryStats& stats) {
-    scaler_.scale(loss).backward();
+    backward(loss);
+    return step(stats);
+  }
+  /// Backward from `loss` (scaled under FP16).
+  void backward(const trainmem::Var<B>& loss) { scaler_.scale(loss).backward(); }
+  /// The optimizer step after backward (skipped on an overflow), then zeroed gradients.
+  bool step(trainmem::MemoryStats& stats) {
     stats.mark("optimizer");
     const bool stepped = scaler_.step(*optimizer_);
     scaler_.update();
@@ -137,6 +148,25 @@ StepOutcome train_step(trainmem::Tape<B>& tape, const Model& model, const std::v
     outcome.loss = loss.value().template to_host<double>()[0];
     stats.mark("backward");
     outcome.stepped = precision.backward_and_step(loss, stats);
+  }
+  tape.clear();
+  stats.mark("end");
+  return outcome;
+}
+
+/// train_step with the stages run by `run` (a planner's profiling or planned runner).
+template <class B, class Model, class LossOf>
+StepOutcome train_step(trainmem::Tape<B>& tape, const Model& model, const trainmem::Tensor<B>& input,
+                       LossOf&& loss_of, const trainmem::ChainRunner<B>& run, PrecisionRunner<B>& precision) {
+  trainmem::MemoryStats& stats = tape.backend().memory();
+  stats.mark("forward");
+  StepOutcome outcome;
+  {
+    trainmem::Var<B> loss = precision.forward([&] { return loss_of(run(model.embed(tape, input))); });
+    outcome.loss = loss.value().template to_host<double>()[0];
+    stats.mark("backward");
+    run.backward_with([&] { precision.backward(loss); });
+    outcome.stepped = precision.step(stats);
   }
   tape.clear();
   stats.mark("end");

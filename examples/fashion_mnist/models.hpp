@@ -1,9 +1,11 @@
-// examples/fashion_mnist/models.hpp — the two Fashion-MNIST classifiers, as lists of stages.
+// examples/fashion_mnist/models.hpp — the Fashion-MNIST classifiers, as lists of stages.
 //
 // Each model turns normalised 28x28 images into its own input tensor and exposes its
 // forward pass as stages (see common/training.hpp), so a checkpoint schedule can cut
 // the pass at stage boundaries without the model knowing:
 //  - MlpClassifier: 784 -> hidden layers (Linear + ReLU, one stage each) -> 10.
+//  - ResMlpClassifier: 784 -> width, residual MLP blocks (one stage each), norm + head;
+//    the demo's default, trained under a planner budget.
 //  - VitClassifier: the image as 16 patches of 7x7 pixels -> linear patch embedding
 //    plus a learned position embedding -> pre-LN transformer blocks (one stage each)
 //    -> final LayerNorm, mean over the 16 tokens, linear head. Attention is
@@ -75,6 +77,73 @@ class MlpClassifier {
 
  private:
   std::vector<std::unique_ptr<tm::nn::Linear<B>>> layers_;
+};
+
+/// \brief Shape of the residual MLP.
+struct ResMlpConfig {
+  std::int64_t width = 128;
+  std::int64_t hidden = 512;
+  std::int64_t blocks = 6;
+};
+
+/// \brief 784 -> width (Linear + ReLU), residual blocks x + Linear(GELU(Linear(LayerNorm x))),
+/// LayerNorm + linear head. At a large batch its step is mostly activations (each block keeps
+/// about 2·(width + hidden) floats a row for 2·width·hidden parameters), as real training is.
+template <class B>
+class ResMlpClassifier {
+ public:
+  ResMlpClassifier(const ResMlpConfig& config, std::uint64_t seed, tm::DType dtype) : config_(config) {
+    tm::nn::Init init(seed);
+    stem_ = std::make_unique<tm::nn::Linear<B>>(kPixels, config.width, init, true, dtype, "stem");
+    for (std::int64_t i = 0; i < config.blocks; ++i) {
+      const std::string name = "block" + std::to_string(i);
+      norm_.push_back(std::make_unique<tm::nn::LayerNorm<B>>(config.width, 1e-5, dtype, name + ".ln"));
+      up_.push_back(std::make_unique<tm::nn::Linear<B>>(config.width, config.hidden, init, true, dtype, name + ".up"));
+      down_.push_back(
+          std::make_unique<tm::nn::Linear<B>>(config.hidden, config.width, init, true, dtype, name + ".down"));
+    }
+    final_ln_ = std::make_unique<tm::nn::LayerNorm<B>>(config.width, 1e-5, dtype, "ln_f");
+    head_ = std::make_unique<tm::nn::Linear<B>>(config.width, kClasses, init, true, dtype, "head");
+  }
+
+  tm::Tensor<B> input(const std::vector<float>& images, std::int64_t n) const {
+    return tm::Tensor<B>::from_host(tm::Shape{n, kPixels}, images, stem_->weight().dtype());
+  }
+  tm::Var<B> embed(tm::Tape<B>& tape, const tm::Tensor<B>& input) const { return tape.input(input); }
+
+  /// Stem, one stage per residual block, then norm + head.
+  std::vector<Stage<B>> stages(bool /*training*/) const {
+    std::vector<Stage<B>> s;
+    s.push_back([this](const tm::Var<B>& x) { return tm::relu((*stem_)(x)); });
+    for (std::size_t i = 0; i < up_.size(); ++i)
+      s.push_back([this, i](const tm::Var<B>& x) { return tm::add(x, (*down_[i])(tm::gelu((*up_[i])((*norm_[i])(x))))); });
+    s.push_back([this](const tm::Var<B>& x) { return (*head_)((*final_ln_)(x)); });
+    return s;
+  }
+
+  std::vector<tm::Var<B>> parameters() const {
+    std::vector<tm::Var<B>> p = stem_->parameters();
+    for (std::size_t i = 0; i < up_.size(); ++i) {
+      for (auto& v : norm_[i]->parameters()) p.push_back(v);
+      for (auto& v : up_[i]->parameters()) p.push_back(v);
+      for (auto& v : down_[i]->parameters()) p.push_back(v);
+    }
+    for (auto& v : final_ln_->parameters()) p.push_back(v);
+    for (auto& v : head_->parameters()) p.push_back(v);
+    return p;
+  }
+
+  std::string describe() const {
+    return "residual mlp 784-" + std::to_string(config_.width) + ", " + std::to_string(config_.blocks) +
+           " blocks of hidden " + std::to_string(config_.hidden) + ", head 10";
+  }
+
+ private:
+  ResMlpConfig config_;
+  std::unique_ptr<tm::nn::Linear<B>> stem_, head_;
+  std::vector<std::unique_ptr<tm::nn::LayerNorm<B>>> norm_;
+  std::vector<std::unique_ptr<tm::nn::Linear<B>>> up_, down_;
+  std::unique_ptr<tm::nn::LayerNorm<B>> final_ln_;
 };
 
 /// \brief Shape of the small vision transformer.

@@ -45,6 +45,7 @@
 #include "trainmem/optim/lr_schedule.hpp"
 #include "trainmem/optim/sgd.hpp"
 
+#include "trainmem/checkpoint/planner.hpp"
 #include "trainmem/checkpoint/policy.hpp"
 #include "trainmem/checkpoint/region.hpp"
 #include "trainmem/checkpoint/replay_state.hpp"

@@ -1,0 +1,253 @@
+// planner — the checkpoint planner against hand schedules at fixed byte budgets.
+//
+// Models: the residual MLP chain of checkpoint_schedules at N = 64 and 256, and a
+// transformer stack (embedding, B blocks, LayerNorm + vocabulary head). Budgets are
+// fractions (0.5, 0.25, 0.1) of the plain step's peak saved-activation bytes, plus the
+// smallest budget any schedule meets. Hand schedules: none, every block, every-k (each
+// k), sqrt N, selective (save_matmuls per stage) and selective + every-k. Every schedule
+// and every plan runs round-robin `reps` times in the same run (median step time; ratios
+// to "none" from that run); a row per (budget, schedule) says whether its measured peak
+// saved bytes fit the budget. The planner also reports its predicted peak and its solve
+// time, and the solve time of a 1024-stage chain (the 64-stage profile repeated).
+//
+//   planner [--json planner.json] [--reps 7] [--models mlp64,mlp256,transformer]
+//           [--width 128] [--hidden 512] [--batch 128]
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/chain_models.hpp"
+#include "trainmem/trainmem.hpp"
+
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+
+namespace tmem = trainmem;
+using B = tmem::cpu::Backend;
+using Segments = std::vector<tmem::Segment>;
+
+namespace {
+
+struct Config {
+  std::string json_path = "planner.json";
+  int reps = 7;
+  std::vector<std::string> models{"mlp64", "mlp256", "transformer"};
+  std::int64_t width = 128, hidden = 512, batch = 128;
+  int blocks = 8;
+  std::int64_t dim = 128, heads = 4, tokens = 64, seq_batch = 8, vocab = 256;
+};
+
+/// `segments` contiguous regions of `mode` (sizes differ by at most one), the last one
+/// plain: what checkpoint_sequential runs.
+Segments sequential(std::int64_t n, std::int64_t segments, tmem::StageMode mode) {
+  Segments out;
+  std::int64_t begin = 0;
+  for (std::int64_t s = 0; s < segments; ++s) {
+    const std::int64_t end = begin + n / segments + (s < n % segments ? 1 : 0);
+    out.push_back({begin, end, s + 1 < segments ? mode : tmem::StageMode::Keep});
+    begin = end;
+  }
+  return out;
+}
+
+std::vector<std::pair<std::string, Segments>> hand_schedules(std::int64_t n) {
+  using M = tmem::StageMode;
+  std::vector<std::pair<std::string, Segments>> out;
+  out.push_back({"none", {{0, n, M::Keep}}});
+  Segments each, selective;
+  for (std::int64_t k = 0; k < n; ++k) each.push_back({k, k + 1, M::Recompute}), selective.push_back({k, k + 1, M::Selective});
+  out.push_back({"every_block", each});
+  for (std::int64_t k = 2; k <= n / 2; k *= 2) out.push_back({"every_" + std::to_string(k), sequential(n, n / k, M::Recompute)});
+  out.push_back({"sqrt_n", sequential(n, tmem::sqrt_segments(n), M::Recompute)});
+  out.push_back({"selective", selective});
+  for (std::int64_t k = 2; k <= 8 && k <= n / 2; k *= 2)
+    out.push_back({"selective_every_" + std::to_string(k), sequential(n, n / k, M::Selective)});
+  return out;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const auto n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+template <class Model>
+void run_model(const std::string& name, const Model& model, const Config& c, nlohmann::json& rows,
+               nlohmann::json& solves) {
+  const tmem::ChainStep<B> step = [&model](const tmem::ChainRunner<B>& run) { model.step(run); };
+  const auto n = static_cast<std::int64_t>(model.stages.size());
+  const auto t0 = std::chrono::steady_clock::now();
+  tmem::Planner<B> planner(model.stages, step, {3, {}});
+  const double profile_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const tmem::ChainProfile& profile = planner.profile();
+  const std::int64_t plain_saved = profile.plain_peak[1];
+
+  struct Budget {
+    double fraction;  // < 0: the smallest feasible
+    std::int64_t bytes;
+  };
+  std::vector<Budget> budgets;
+  for (double f : {0.5, 0.25, 0.1}) budgets.push_back({f, static_cast<std::int64_t>(f * static_cast<double>(plain_saved))});
+  const std::int64_t least = planner.smallest_budget(tmem::MemChannel::Saved);
+  budgets.push_back({static_cast<double>(least) / static_cast<double>(plain_saved), least});
+
+  // Plans (or none where a budget is below the smallest).
+  struct Entry {
+    std::string schedule;
+    Segments segments;
+    std::int64_t predicted_saved = 0, predicted_total = 0;
+    std::vector<double> ms;
+    tmem::StepMeasurement peak;
+    int budget = -1;  // planner entries: which budget
+    double solve_ms = 0.0;
+  };
+  std::vector<Entry> entries;
+  for (auto& [schedule, segments] : hand_schedules(n)) {
+    const tmem::PlanPrediction p = tmem::predict(profile, segments);
+    entries.push_back({schedule, segments, p.peak[1], p.peak[0], {}, {}, -1, 0.0});
+  }
+  std::printf("\n%s: %lld stages, profiled in %.1f s; plain step: peak saved %lld B, whole step %lld B, model state %lld B\n",
+              name.c_str(), static_cast<long long>(n), profile_s, static_cast<long long>(plain_saved),
+              static_cast<long long>(profile.plain_peak[0]), static_cast<long long>(profile.model_state));
+  for (std::size_t b = 0; b < budgets.size(); ++b) {
+    const auto s0 = std::chrono::steady_clock::now();
+    try {
+      const tmem::CheckpointPlan<B> plan = planner.plan(tmem::Budget::saved_activations(budgets[b].bytes));
+      const double solve_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s0).count();
+      std::printf("%s", plan.str().c_str());
+      entries.push_back({"planner", plan.segments(), plan.prediction().peak[1], plan.prediction().peak[0], {}, {},
+                         static_cast<int>(b), solve_ms});
+      solves.push_back({{"model", name}, {"stages", n}, {"budget_bytes", budgets[b].bytes}, {"solve_ms", solve_ms}});
+    } catch (const tmem::Error& e) {
+      std::printf("budget %.3f: %s\n", budgets[b].fraction, e.what());
+    }
+  }
+
+  // Round-robin measurement: a warm-up step each, then `reps` rounds.
+  for (auto& e : entries) planner.measure(e.segments);
+  for (int r = 0; r < c.reps; ++r)
+    for (auto& e : entries) {
+      const tmem::StepMeasurement m = planner.measure(e.segments);
+      e.ms.push_back(m.ms);
+      e.peak = m;
+    }
+  const double none_ms = median(entries.front().ms);
+  std::printf("%-12s %-9s %-20s %14s %14s %14s %10s %8s %5s\n", "model", "budget", "schedule", "peak saved B",
+              "predicted B", "peak total B", "step ms", "t/none", "fits");
+  for (std::size_t b = 0; b < budgets.size(); ++b) {
+    for (const auto& e : entries) {
+      if (e.budget >= 0 && e.budget != static_cast<int>(b)) continue;
+      const double ms = median(e.ms);
+      const bool fits = e.peak.peak[1] <= budgets[b].bytes;
+      char label[32];
+      std::snprintf(label, sizeof label, b + 1 == budgets.size() ? "min %.3f" : "%.3f", budgets[b].fraction);
+      std::printf("%-12s %-9s %-20s %14lld %14lld %14lld %10.2f %8.3f %5s\n", name.c_str(), label, e.schedule.c_str(),
+                  static_cast<long long>(e.peak.peak[1]), static_cast<long long>(e.predicted_saved),
+                  static_cast<long long>(e.peak.peak[0]), ms, ms / none_ms, fits ? "yes" : "no");
+      rows.push_back({{"model", name},
+                      {"stages", n},
+                      {"budget_bytes", budgets[b].bytes},
+                      {"budget_fraction", budgets[b].fraction},
+                      {"budget_is_smallest", b + 1 == budgets.size()},
+                      {"schedule", e.schedule},
+                      {"peak_saved_bytes", e.peak.peak[1]},
+                      {"peak_total_bytes", e.peak.peak[0]},
+                      {"predicted_peak_bytes", e.predicted_saved},
+                      {"predicted_peak_total_bytes", e.predicted_total},
+                      {"step_ms", ms},
+                      {"step_ms_all", e.ms},
+                      {"time_ratio_vs_none", ms / none_ms},
+                      {"fits", fits}});
+      if (e.schedule == "planner") rows.back()["solve_ms"] = e.solve_ms;
+    }
+    // Planner against the fastest hand schedule that fits.
+    double best_hand = 0.0, planned = 0.0;
+    std::string best_name;
+    for (const auto& e : entries) {
+      const double ms = median(e.ms);
+      if (e.budget == static_cast<int>(b)) planned = ms;
+      if (e.budget < 0 && e.peak.peak[1] <= budgets[b].bytes && (best_name.empty() || ms < best_hand))
+        best_hand = ms, best_name = e.schedule;
+    }
+    if (planned > 0.0)
+      std::printf("  budget %.3f: planner %.2f ms vs fastest fitting hand schedule %s %s\n", budgets[b].fraction,
+                  planned, best_name.empty() ? "(none fits)" : best_name.c_str(),
+                  best_name.empty() ? "" : (std::to_string(planned / best_hand) + "x").c_str());
+  }
+
+  // Solve time on a 1024-stage chain: this profile's stages repeated.
+  if (n >= 8) {
+    tmem::ChainProfile big = profile;
+    big.stages.clear();
+    while (big.stages.size() < 1024) big.stages.push_back(profile.stages[1 + big.stages.size() % static_cast<std::size_t>(n - 2)]);
+    const std::int64_t plain_big = tmem::predict(big, {{0, 1024, tmem::StageMode::Keep}}).peak[1];
+    for (double f : {0.5, 0.25, 0.1}) {
+      const auto s0 = std::chrono::steady_clock::now();
+      const tmem::PlanSolution s =
+          tmem::solve_chain(big, tmem::MemChannel::Saved, static_cast<std::int64_t>(f * static_cast<double>(plain_big)));
+      const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s0).count();
+      std::printf("  solve, 1024 stages of %s at %.2f of plain saved: %.1f ms (%s, %zu segments)\n", name.c_str(), f, ms,
+                  s.feasible ? "feasible" : "infeasible", s.segments.size());
+      solves.push_back({{"model", name + " x1024"}, {"stages", 1024}, {"budget_fraction", f}, {"solve_ms", ms},
+                        {"feasible", s.feasible}});
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Config c;
+  CLI::App app{"trainmem: the checkpoint planner against hand schedules at byte budgets"};
+  app.add_option("--json", c.json_path, "where to write the JSON results");
+  app.add_option("--reps", c.reps, "timed steps per schedule (median reported)");
+  app.add_option("--models", c.models, "mlp64, mlp256, transformer")->delimiter(',');
+  app.add_option("--width", c.width, "MLP chain: block width");
+  app.add_option("--hidden", c.hidden, "MLP chain: hidden width");
+  app.add_option("--batch", c.batch, "MLP chain: rows per batch");
+  app.add_option("--blocks", c.blocks, "transformer: blocks");
+  app.add_option("--dim", c.dim, "transformer: width");
+  app.add_option("--tokens", c.tokens, "transformer: sequence length");
+  app.add_option("--seq-batch", c.seq_batch, "transformer: sequences per batch");
+  CLI11_PARSE(app, argc, argv);
+  int threads = 1;
+#if defined(_OPENMP)
+  threads = omp_get_max_threads();
+#endif
+  std::printf("checkpoint planner vs hand schedules, f32, %d threads, median of %d steps, budgets on saved activations\n",
+              threads, c.reps);
+  nlohmann::json rows = nlohmann::json::array(), solves = nlohmann::json::array();
+  for (const std::string& m : c.models) {
+    if (m == "mlp64" || m == "mlp256") {
+      examples::ResidualMlpChain<B> chain(m == "mlp64" ? 64 : 256, c.width, c.hidden, c.batch);
+      run_model(m, chain, c, rows, solves);
+    } else if (m == "transformer") {
+      examples::TransformerStack<B> stack(c.blocks, c.dim, c.heads, 4 * c.dim, c.vocab, c.seq_batch, c.tokens);
+      run_model(m, stack, c, rows, solves);
+    } else {
+      std::fprintf(stderr, "planner: unknown model '%s'\n", m.c_str());
+      return 1;
+    }
+  }
+  const std::time_t now = std::time(nullptr);
+  char date[32];
+  std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
+  const nlohmann::json out = {{"benchmark", "planner"}, {"date", date}, {"threads", threads}, {"reps", c.reps},
+                              {"mlp", {{"width", c.width}, {"hidden", c.hidden}, {"batch", c.batch}}},
+                              {"transformer", {{"blocks", c.blocks}, {"dim", c.dim}, {"heads", c.heads},
+                                               {"tokens", c.tokens}, {"batch", c.seq_batch}, {"vocab", c.vocab}}},
+                              {"results", rows}, {"solves", solves}};
+  std::ofstream(c.json_path) << out.dump(2) << "\n";
+  std::printf("\nwrote %s\n", c.json_path.c_str());
+  return 0;
+}

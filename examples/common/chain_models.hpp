@@ -1,0 +1,143 @@
+// examples/common/chain_models.hpp — two chains of stages the checkpoint planner is measured on.
+//
+//  - ResidualMlpChain: N blocks x + Linear(GELU(Linear(LayerNorm(x)))), as in
+//    benchmarks/checkpoint_schedules; one stage per block.
+//  - TransformerStack: token embedding (+ learned positions), pre-LN causal transformer
+//    blocks, final LayerNorm and a vocabulary head; one stage each, so the stages differ
+//    in width and cost (the embedding keeps almost nothing, the head keeps its logits).
+// Each exposes `stages` (a std::vector<trainmem::Layer<B>>), `parameters`, and one
+// training step written against a ChainRunner (loss, backward, an SGD update), so
+// tests, the planner benchmark and the examples run the same models.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "trainmem/checkpoint/planner.hpp"
+#include "trainmem/trainmem.hpp"
+
+namespace examples {
+
+namespace tm = trainmem;
+
+/// The SGD update every chain step ends with (what a training step does to the weights).
+template <class B>
+void sgd_update(const std::vector<tm::Var<B>>& params, double lr) {
+  tm::NoGradGuard no_grad;
+  for (const auto& p : params) {
+    if (!p.grad().defined()) continue;
+    p.value().backend().map(tm::math::AddScaled{-lr}, p.value(), p.grad(), p.value());
+  }
+}
+
+template <class B>
+struct ResidualMlpChain {
+  ResidualMlpChain(int n, std::int64_t width, std::int64_t hidden, std::int64_t batch, std::uint64_t seed = 2026)
+      : batch_(batch), width_(width) {
+    tm::nn::Init init(seed);
+    for (int i = 0; i < n; ++i) {
+      up.emplace_back(width, hidden, init, true, tm::DType::F32, "up" + std::to_string(i));
+      down.emplace_back(hidden, width, init, true, tm::DType::F32, "down" + std::to_string(i));
+      norm.emplace_back(width, 1e-5, tm::DType::F32, "norm" + std::to_string(i));
+    }
+    for (int i = 0; i < n; ++i)
+      stages.push_back([this, i](const tm::Var<B>& x) { return tm::add(x, down[i](tm::gelu(up[i](norm[i](x))))); });
+    for (int i = 0; i < n; ++i) {
+      for (auto* l : {&up[i], &down[i]})
+        for (auto& p : l->parameters()) params.push_back(p);
+      for (auto& p : norm[i].parameters()) params.push_back(p);
+    }
+    std::vector<float> values(static_cast<std::size_t>(batch * width));
+    for (std::size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(std::sin(0.01 * static_cast<double>(i)));
+    input = tm::Tensor<B>::from_host({batch, width}, values);
+  }
+  ResidualMlpChain(const ResidualMlpChain&) = delete;
+  ResidualMlpChain& operator=(const ResidualMlpChain&) = delete;
+
+  /// One training step: mean of the chain's output as the loss, backward, SGD (lr 0: the
+  /// weights stay put, so repeated steps measure the same work).
+  void step(const tm::ChainRunner<B>& run, double lr = 0.0) const {
+    for (auto& p : params) p.zero_grad();
+    {
+      tm::Tape<B> tape;
+      auto x = tape.input(input);
+      run.backward(tm::mean(run(x)));
+    }
+    sgd_update(params, lr);
+  }
+
+  std::int64_t batch_, width_;
+  std::vector<tm::nn::Linear<B>> up, down;
+  std::vector<tm::nn::LayerNorm<B>> norm;
+  std::vector<tm::Layer<B>> stages;
+  std::vector<tm::Var<B>> params;
+  tm::Tensor<B> input;
+};
+
+template <class B>
+struct TransformerStack {
+  TransformerStack(int blocks, std::int64_t dim, std::int64_t heads, std::int64_t hidden, std::int64_t vocab,
+                   std::int64_t batch, std::int64_t tokens, std::uint64_t seed = 7)
+      : batch_(batch), tokens_(tokens), dim_(dim) {
+    tm::nn::Init init(seed);
+    embed = std::make_unique<tm::nn::Embedding<B>>(vocab, dim, init, 0.02);
+    position = init.parameter<B>(tm::Shape{tokens * dim}, init.normal(tokens * dim, 0.0, 0.02), tm::DType::F32,
+                                 "position");
+    for (int i = 0; i < blocks; ++i)
+      block.push_back(std::make_unique<tm::nn::TransformerBlock<B>>(dim, heads, hidden, init, 0.0f, tm::DType::F32,
+                                                                    "block" + std::to_string(i)));
+    final_ln = std::make_unique<tm::nn::LayerNorm<B>>(dim, 1e-5, tm::DType::F32, "ln_f");
+    head = std::make_unique<tm::nn::Linear<B>>(dim, vocab, init, true, tm::DType::F32, "head");
+    stages.push_back([this](const tm::Var<B>& ids) {
+      auto t = tm::reshape((*embed)(ids), tm::Shape{batch_, tokens_ * dim_});
+      return tm::reshape(tm::add(t, position), tm::Shape{batch_, tokens_, dim_});
+    });
+    for (auto& b : block) {
+      const tm::nn::TransformerBlock<B>* p = b.get();
+      stages.push_back([p](const tm::Var<B>& x) { return (*p)(x, true); });
+    }
+    stages.push_back([this](const tm::Var<B>& x) {
+      return (*head)(tm::reshape((*final_ln)(x), tm::Shape{batch_ * tokens_, dim_}));
+    });
+    for (auto& p : embed->parameters()) params.push_back(p);
+    params.push_back(position);
+    for (auto& b : block)
+      for (auto& p : b->parameters()) params.push_back(p);
+    for (auto& p : final_ln->parameters()) params.push_back(p);
+    for (auto& p : head->parameters()) params.push_back(p);
+    std::vector<float> ids(static_cast<std::size_t>(batch * tokens)), next(ids.size());
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      ids[i] = static_cast<float>((i * 7 + 3) % static_cast<std::size_t>(vocab));
+      next[i] = static_cast<float>((i * 7 + 10) % static_cast<std::size_t>(vocab));
+    }
+    input = tm::Tensor<B>::from_host({batch, tokens}, ids, tm::DType::I32);
+    labels = tm::Tensor<B>::from_host({batch * tokens}, next, tm::DType::I32);
+  }
+  TransformerStack(const TransformerStack&) = delete;
+  TransformerStack& operator=(const TransformerStack&) = delete;
+
+  void step(const tm::ChainRunner<B>& run, double lr = 0.0) const {
+    for (auto& p : params) p.zero_grad();
+    {
+      tm::Tape<B> tape;
+      auto x = tape.input(input);
+      run.backward(tm::cross_entropy(run(x), labels));
+    }
+    sgd_update(params, lr);
+  }
+
+  std::int64_t batch_, tokens_, dim_;
+  std::unique_ptr<tm::nn::Embedding<B>> embed;
+  tm::Var<B> position;
+  std::vector<std::unique_ptr<tm::nn::TransformerBlock<B>>> block;
+  std::unique_ptr<tm::nn::LayerNorm<B>> final_ln;
+  std::unique_ptr<tm::nn::Linear<B>> head;
+  std::vector<tm::Layer<B>> stages;
+  std::vector<tm::Var<B>> params;
+  tm::Tensor<B> input, labels;
+};
+
+}  // namespace examples

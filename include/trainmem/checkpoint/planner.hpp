@@ -1,0 +1,204 @@
+// trainmem/checkpoint/planner.hpp — give a byte budget, get the fastest checkpoint schedule
+// of a chain of stages that fits it, run through ordinary regions.
+//
+//   tmem::Planner<B> planner(stages, step);                 // profiles the user's own step
+//   auto plan = planner.plan(tmem::Budget::whole_step(64 << 20));
+//   std::printf("%s", plan.str().c_str());
+//   step(plan.runner());                                    // a planned step
+//
+// The step is the user's training step written against a ChainRunner (run(x) where the
+// stages run, run.backward(loss) where tape.backward would be). The planner profiles it
+// in every mode (planner_profile.hpp), models each schedule's peak and time
+// (planner_solver.hpp) and picks by dynamic program the fastest whose predicted peak is
+// within the budget; a budget no schedule meets is a trainmem::Error naming the smallest
+// one that is, and how much of it is model state. Budgets name the whole step's peak
+// (parameters, gradients, masters and optimizer state are measured and fixed; only the
+// activations move) or the saved activations' peak alone. The CPU has nowhere to
+// offload to, so offload is never a choice here.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "trainmem/checkpoint/planner_profile.hpp"
+#include "trainmem/checkpoint/planner_solver.hpp"
+
+namespace trainmem {
+
+/// \brief A byte budget: the whole step's peak, or the peak of saved activations.
+struct Budget {
+  MemChannel channel = MemChannel::Total;
+  std::int64_t bytes = 0;
+  static Budget whole_step(std::int64_t bytes) { return {MemChannel::Total, bytes}; }
+  static Budget saved_activations(std::int64_t bytes) { return {MemChannel::Saved, bytes}; }
+};
+
+namespace detail {
+inline std::string mib(std::int64_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.2f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
+  return text;
+}
+inline const char* channel_name(MemChannel c) { return c == MemChannel::Total ? "whole step" : "saved activations"; }
+}  // namespace detail
+
+/// \brief Peak bytes and time of one step, measured.
+struct StepMeasurement {
+  std::array<std::int64_t, kMemChannels> peak{};
+  double ms = 0.0;
+};
+
+/// \brief A chosen schedule with its prediction; runs through checkpoint regions.
+template <class B>
+class CheckpointPlan {
+ public:
+  CheckpointPlan(const std::vector<Layer<B>>& stages, std::vector<Segment> segments, PlanPrediction prediction,
+                 Budget budget, const ChainProfile& profile)
+      : stages_(&stages), segments_(merge(std::move(segments))), prediction_(prediction), budget_(budget) {
+    for (const Segment& s : segments_) costs_.push_back(segment_cost(profile, 1, s));
+    model_state_ = profile.model_state;
+    plain_ = {profile.plain_peak, profile.plain_ms};
+  }
+
+  const std::vector<Segment>& segments() const { return segments_; }
+  const PlanPrediction& prediction() const { return prediction_; }
+  const Budget& budget() const { return budget_; }
+  ChainRunner<B> runner() const { return ChainRunner<B>(*stages_, segments_); }
+
+  /// One line per run of equal segments: stages, decision, bytes kept, predicted time.
+  std::string str() const {
+    std::string out;
+    char line[256];
+    std::snprintf(line, sizeof line, "checkpoint plan for %zu stages, budget %s %s (model state %s):\n",
+                  stages_->size(), detail::channel_name(budget_.channel), detail::mib(budget_.bytes).c_str(),
+                  detail::mib(model_state_).c_str());
+    out += line;
+    for (std::size_t i = 0; i < segments_.size();) {
+      std::size_t e = i + 1;
+      const std::int64_t len = segments_[i].end - segments_[i].begin;
+      while (e < segments_.size() && segments_[e].mode == segments_[i].mode &&
+             segments_[e].end - segments_[e].begin == len)
+        ++e;
+      std::int64_t kept = 0;
+      double ms = 0.0;
+      for (std::size_t k = i; k < e; ++k) kept += costs_[k].kept, ms += costs_[k].ms;
+      std::string what = segments_[i].mode == StageMode::Keep
+                             ? std::string("keep everything")
+                             : std::to_string(e - i) + (e - i == 1 ? " region" : " regions") + " of " +
+                                   std::to_string(len) + (len == 1 ? " stage, " : " stages, ") +
+                                   name_of(segments_[i].mode);
+      std::snprintf(line, sizeof line, "  stages %4lld-%-4lld  %-40s keeps %12s  %9.2f ms\n",
+                    static_cast<long long>(segments_[i].begin), static_cast<long long>(segments_[e - 1].end - 1),
+                    what.c_str(), detail::mib(kept).c_str(), ms);
+      out += line;
+      i = e;
+    }
+    std::snprintf(line, sizeof line,
+                  "predicted: whole step %s, saved activations %s, step %.2f ms (plain step: %s, %s, %.2f ms)\n",
+                  detail::mib(prediction_.peak[0]).c_str(), detail::mib(prediction_.peak[1]).c_str(), prediction_.ms,
+                  detail::mib(plain_.peak[0]).c_str(), detail::mib(plain_.peak[1]).c_str(), plain_.ms);
+    out += line;
+    return out;
+  }
+
+  /// Predicted against measured, one line.
+  std::string compare(const StepMeasurement& m) const {
+    char line[320];
+    const auto rel = [](double a, double b) { return b == 0 ? 0.0 : 100.0 * (a - b) / b; };
+    std::snprintf(line, sizeof line,
+                  "measured: whole step %s (predicted %s, %+.2f%%), saved activations %s (predicted %s, %+.2f%%), "
+                  "step %.2f ms (predicted %.2f ms)\n",
+                  detail::mib(m.peak[0]).c_str(), detail::mib(prediction_.peak[0]).c_str(),
+                  rel(static_cast<double>(prediction_.peak[0]), static_cast<double>(m.peak[0])),
+                  detail::mib(m.peak[1]).c_str(), detail::mib(prediction_.peak[1]).c_str(),
+                  rel(static_cast<double>(prediction_.peak[1]), static_cast<double>(m.peak[1])), m.ms, prediction_.ms);
+    return line;
+  }
+
+ private:
+  /// Consecutive Keep stages become one Keep segment (what runs is the same).
+  static std::vector<Segment> merge(std::vector<Segment> segments) {
+    std::vector<Segment> out;
+    for (const Segment& s : segments) {
+      if (!out.empty() && s.mode == StageMode::Keep && out.back().mode == StageMode::Keep)
+        out.back().end = s.end;
+      else
+        out.push_back(s);
+    }
+    return out;
+  }
+
+  const std::vector<Layer<B>>* stages_;
+  std::vector<Segment> segments_;
+  std::vector<SegmentCost> costs_;  // saved-activation channel
+  PlanPrediction prediction_;
+  Budget budget_;
+  std::int64_t model_state_ = 0;
+  StepMeasurement plain_;
+};
+
+/// \brief Settings of a planner.
+struct PlannerOptions {
+  int profile_reps = 3;  // profiled steps per mode (times are their medians)
+  SolverOptions solver;
+};
+
+/// \brief Profiles a chain once, then plans it for any budget.
+template <class B>
+class Planner {
+ public:
+  /// Profiles `step` (3 modes x options.profile_reps real training steps, plus a warm-up).
+  /// `stages` must outlive the planner and its plans.
+  Planner(const std::vector<Layer<B>>& stages, ChainStep<B> step, PlannerOptions options = {},
+          B& backend = B::default_instance())
+      : stages_(&stages), step_(std::move(step)), options_(options), backend_(&backend),
+        profile_(profile_chain(stages, step_, backend.memory(), options.profile_reps)) {}
+
+  const ChainProfile& profile() const { return profile_; }
+
+  /// The fastest schedule whose predicted peak fits `budget`; throws trainmem::Error when none does.
+  CheckpointPlan<B> plan(Budget budget) const {
+    const PlanSolution s = solve_chain(profile_, budget.channel, budget.bytes, options_.solver);
+    if (!s.feasible) {
+      const std::int64_t least = smallest_budget(budget.channel);
+      const std::int64_t state = budget.channel == MemChannel::Total ? profile_.model_state : 0;
+      throw Error(detail::concat("checkpoint planner: no schedule of the ", stages_->size(), " stages fits a ",
+                                 detail::channel_name(budget.channel), " budget of ", budget.bytes, " bytes (",
+                                 detail::mib(budget.bytes), "); the smallest that fits is ", least, " bytes (",
+                                 detail::mib(least), "), of which ", state, " bytes (", detail::mib(state),
+                                 ") are model state (parameters, gradients, master weights, optimizer state)"));
+    }
+    return CheckpointPlan<B>(*stages_, s.segments, s.prediction, budget, profile_);
+  }
+
+  /// The smallest predicted peak any schedule reaches on `channel`.
+  std::int64_t smallest_budget(MemChannel channel) const {
+    return trainmem::smallest_budget(profile_, channel, options_.solver);
+  }
+
+  /// Runs one step under `segments` and measures its peaks and time.
+  StepMeasurement measure(const std::vector<Segment>& segments) const {
+    MemoryStats& stats = backend_->memory();
+    stats.reset_peak();
+    const auto start = std::chrono::steady_clock::now();
+    step_(ChainRunner<B>(*stages_, segments));
+    StepMeasurement m;
+    m.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    m.peak = {stats.peak_total(), stats.peak(MemCategory::SavedActivation)};
+    return m;
+  }
+  StepMeasurement measure(const CheckpointPlan<B>& plan) const { return measure(plan.segments()); }
+
+ private:
+  const std::vector<Layer<B>>* stages_;
+  ChainStep<B> step_;
+  PlannerOptions options_;
+  B* backend_;
+  ChainProfile profile_;
+};
+
+}  // namespace trainmem

@@ -1,0 +1,319 @@
+// trainmem/checkpoint/planner_profile.hpp — what each stage of a chain costs, measured
+// in one real training step per way of running it.
+//
+// NOTE [Profiling a chain in context]
+// A stage's bytes depend on its neighbours (who keeps the tensor between two stages,
+// when the gradients of later stages appear), so stages are not profiled one by one in
+// isolation: the user's own step runs whole, once with every stage plain (Keep), once
+// with every stage its own full-recompute region (Recompute) and once with every stage
+// its own save_matmuls region (Selective). A ChainRunner marks MemoryStats (live and
+// window peak of the total and of saved activations) and the clock between stages in
+// forward, and a probe op after each stage does the same in backward (its backward is
+// the identity and fires when the stage's output gradient is ready). Each stage thus
+// gets, per mode: forward and backward time, the live change over its forward (what it
+// leaves kept), its forward and backward peaks above the live bytes at their starts,
+// and the live change over its backward. Probes run only in profiling; a planned step
+// runs the stages through ordinary regions and nothing else.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "trainmem/autograd/op_recorder.hpp"
+#include "trainmem/checkpoint/policy.hpp"
+#include "trainmem/checkpoint/region.hpp"
+#include "trainmem/checkpoint/sequential.hpp"
+#include "trainmem/core/memory_stats.hpp"
+
+namespace trainmem {
+
+/// How a segment of the chain runs: plain, as one full-recompute region, or as one
+/// region under policy::save_matmuls (keeps matmul outputs, recomputes the rest).
+enum class StageMode : std::uint8_t { Keep = 0, Recompute = 1, Selective = 2 };
+inline constexpr int kStageModes = 3;
+
+inline const char* name_of(StageMode m) {
+  switch (m) {
+    case StageMode::Keep:
+      return "keep";
+    case StageMode::Recompute:
+      return "recompute";
+    case StageMode::Selective:
+      return "selective";
+  }
+  return "?";
+}
+
+/// Stages [begin, end) run in `mode` (a Keep segment is the same as Keep stages one by one).
+struct Segment {
+  std::int64_t begin = 0, end = 0;
+  StageMode mode = StageMode::Keep;
+  bool operator==(const Segment&) const = default;
+};
+
+/// The two byte counts a budget may name: everything live, or saved activations only.
+enum class MemChannel : std::uint8_t { Total = 0, Saved = 1 };
+inline constexpr int kMemChannels = 2;
+
+/// \brief Measured costs of one stage, per mode and channel.
+struct StageCosts {
+  std::array<double, kStageModes> fwd_ms{}, bwd_ms{};
+  // [mode][channel]: live change over the forward (kept until backward), peak of the
+  // forward above its start, peak of the backward above its start, live change over backward.
+  std::array<std::array<std::int64_t, kMemChannels>, kStageModes> kept{}, fwd_peak{}, bwd_peak{}, bwd_change{};
+  std::int64_t output_bytes = 0;  // the stage's output (the next stage's input)
+};
+
+/// \brief What the planner knows about a chain and the step around it.
+struct ChainProfile {
+  std::vector<StageCosts> stages;
+  std::array<std::int64_t, kMemChannels> start_live{};     // live when the chain starts
+  std::array<std::int64_t, kMemChannels> loss_fwd_peak{};  // after the chain, above its end
+  std::array<std::int64_t, kMemChannels> loss_live{};      // live added between chain end and backward
+  std::array<std::int64_t, kMemChannels> loss_bwd_peak{};  // above live at backward start, before the last stage
+  std::array<std::int64_t, kMemChannels> backward_rest{};  // live at the last stage's backward start minus chain end
+  std::array<std::int64_t, kMemChannels> outside_peak{};   // absolute: before the chain, after backward (optimizer)
+  std::array<std::int64_t, kMemChannels> plain_peak{};     // the plain step's measured peak
+  std::int64_t model_state = 0;  // parameters + gradients + master weights + optimizer state, at most
+  double outside_ms = 0.0;       // time of the step outside the stages
+  double plain_ms = 0.0;         // the plain step's measured time
+
+  std::int64_t size() const { return static_cast<std::int64_t>(stages.size()); }
+};
+
+namespace detail {
+
+inline constexpr OpInfo kPlannerProbeOp{"planner probe", OpKind::Shape, AutocastCategory::Unchanged};
+
+/// Identity op whose backward calls `on_backward` (the stage's output gradient is ready).
+template <class B>
+Var<B> planner_probe(const Var<B>& x, std::function<void()> on_backward) {
+  OpRecorder<B> rec(kPlannerProbeOp, {x}, 0.0);
+  Tensor<B> tx = rec.input(0);
+  auto out = rec.compute([&] { return std::vector<Tensor<B>>{tx}; });
+  return rec.finish(out[0], [on_backward = std::move(on_backward)](const Grads<B>& g) {
+    on_backward();
+    return Grads<B>{g[0]};
+  });
+}
+
+/// \brief Marks of clock and MemoryStats through one profiled step.
+struct ProfileRecorder {
+  struct Mark {
+    double ms;
+    std::array<std::int64_t, kMemChannels> live, peak;  // peak: over the window that this mark closes
+    std::int64_t state_peak;                            // model-state categories' peaks in that window
+  };
+  MemoryStats* stats = nullptr;
+  std::chrono::steady_clock::time_point origin = std::chrono::steady_clock::now();
+  std::vector<Mark> marks;
+  std::vector<std::int64_t> output_bytes;
+  std::vector<bool> output_saved;  // the stage itself keeps its output (e.g. ReLU saves its result)
+
+  void mark() {
+    Mark m;
+    m.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - origin).count();
+    m.live = {stats->live_total(), stats->live(MemCategory::SavedActivation)};
+    m.peak = {stats->peak_total(), stats->peak(MemCategory::SavedActivation)};
+    m.state_peak = stats->peak(MemCategory::Parameter) + stats->peak(MemCategory::Gradient) +
+                   stats->peak(MemCategory::MasterWeight) + stats->peak(MemCategory::OptimizerState);
+    stats->reset_peak();
+    marks.push_back(m);
+  }
+};
+
+}  // namespace detail
+
+/// \brief Runs a chain of stages under a list of segments: what a step function calls
+/// where it would run the stages, and (for the planner's probes) `backward(loss)`
+/// where it would call tape.backward(loss).
+template <class B>
+class ChainRunner {
+ public:
+  ChainRunner(const std::vector<Layer<B>>& stages, std::vector<Segment> segments,
+              detail::ProfileRecorder* recorder = nullptr)
+      : stages_(&stages), segments_(std::move(segments)), recorder_(recorder) {}
+
+  /// The stages on x, segment by segment (Recompute and Selective segments are regions).
+  Var<B> operator()(const Var<B>& x) const {
+    detail::check(x.tape() != nullptr, "ChainRunner: the chain's input must be on a tape (tape.input)");
+    Tape<B>& tape = *x.tape();
+    if (recorder_ != nullptr) recorder_->mark();
+    const std::vector<Layer<B>>* stages = stages_;
+    Var<B> h = x;
+    for (const Segment& s : segments_) {
+      auto run = [stages, begin = s.begin, end = s.end](const Var<B>& input) {
+        Var<B> y = input;
+        for (std::int64_t i = begin; i < end; ++i) y = (*stages)[static_cast<std::size_t>(i)](y);
+        return y;
+      };
+      if (s.mode == StageMode::Keep) {
+        h = run(h);
+      } else {
+        CheckpointOptions options;
+        if (s.mode == StageMode::Selective) options.policy = policy::save_matmuls();
+        h = checkpoint(tape, options, run, h);
+      }
+      if (recorder_ != nullptr) {
+        if (recorder_->output_bytes.size() < stages_->size()) {
+          recorder_->output_bytes.push_back(static_cast<std::int64_t>(h.value().bytes()));
+          recorder_->output_saved.push_back(h.value().category() == MemCategory::SavedActivation);
+        }
+        recorder_->mark();
+        if (h.requires_grad()) {
+          detail::ProfileRecorder* r = recorder_;
+          h = detail::planner_probe(h, [r] { r->mark(); });
+        }
+      }
+    }
+    return h;
+  }
+
+  /// tape.backward(loss) (the planner's profile marks its start and end).
+  void backward(const Var<B>& loss) const {
+    detail::check(loss.tape() != nullptr, "ChainRunner::backward: the loss is not on a tape");
+    backward_with([&loss] { loss.tape()->backward(loss); });
+  }
+  /// Runs `run_backward` (a backward of the user's own, e.g. through a loss scaler) as the backward.
+  template <class F>
+  void backward_with(F&& run_backward) const {
+    if (recorder_ != nullptr) recorder_->mark();
+    std::forward<F>(run_backward)();
+    if (recorder_ != nullptr) recorder_->mark();
+  }
+
+  const std::vector<Segment>& segments() const { return segments_; }
+
+ private:
+  const std::vector<Layer<B>>* stages_;
+  std::vector<Segment> segments_;
+  detail::ProfileRecorder* recorder_;
+};
+
+/// A training step written against a ChainRunner: runs `run(x)` once on its chain input
+/// and `run.backward(loss)` once instead of tape.backward(loss).
+template <class B>
+using ChainStep = std::function<void(const ChainRunner<B>&)>;
+
+namespace detail {
+
+/// One profiled step in `mode` (every stage its own segment).
+template <class B>
+std::vector<ProfileRecorder::Mark> profiled_step(const std::vector<Layer<B>>& stages, const ChainStep<B>& step,
+                                                 MemoryStats& stats, StageMode mode,
+                                                 std::vector<std::int64_t>& output_bytes,
+                                                 std::vector<bool>& output_saved) {
+  std::vector<Segment> segments;
+  const auto n = static_cast<std::int64_t>(stages.size());
+  for (std::int64_t k = 0; k < n; ++k) segments.push_back({k, k + 1, mode});
+  ProfileRecorder recorder;
+  recorder.stats = &stats;
+  recorder.marks.reserve(static_cast<std::size_t>(2 * n + 5));
+  ChainRunner<B> runner(stages, segments, &recorder);
+  stats.reset_peak();
+  recorder.mark();
+  step(runner);
+  recorder.mark();
+  check(recorder.marks.size() == static_cast<std::size_t>(2 * n + 5), "checkpoint planner: the profiled step made ",
+        recorder.marks.size(), " marks, expected ", 2 * n + 5, " for ", n,
+        " stages: the step must call run(x) once on the chain's input, every stage's output must require grad, "
+        "and the step must call run.backward(loss) once");
+  output_bytes = recorder.output_bytes;
+  if (mode == StageMode::Keep) output_saved = recorder.output_saved;
+  return recorder.marks;
+}
+
+}  // namespace detail
+
+/// Profiles `stages` through `step`: one unmeasured warm-up step (allocates what every
+/// later step finds: optimizer state, casts), then `reps` rounds of one step per mode,
+/// round-robin; a time is the least over the rounds (other work on the machine only
+/// ever adds to it), bytes come from the last round (they are exact and repeat). Each
+/// profiled step is a real training step.
+template <class B>
+ChainProfile profile_chain(const std::vector<Layer<B>>& stages, const ChainStep<B>& step, MemoryStats& stats,
+                           int reps = 3) {
+  using Mark = detail::ProfileRecorder::Mark;
+  const auto n = static_cast<std::int64_t>(stages.size());
+  detail::check(n > 0, "profile_chain: no stages");
+  detail::check(reps >= 1, "profile_chain: reps must be >= 1, got ", reps);
+  step(ChainRunner<B>(stages, {{0, n, StageMode::Keep}}));  // warm-up
+  std::array<std::vector<std::vector<Mark>>, kStageModes> runs;
+  std::vector<std::int64_t> output_bytes;
+  std::vector<bool> output_saved;
+  for (int r = 0; r < reps; ++r)
+    for (int m = 0; m < kStageModes; ++m)
+      runs[m].push_back(
+          detail::profiled_step(stages, step, stats, static_cast<StageMode>(m), output_bytes, output_saved));
+
+  // Mark indices: 0 step start, 1 chain start, 2+k after stage k, n+2 backward call,
+  // n+3+(n-1-k) stage k's output gradient ready, 2n+3 backward return, 2n+4 step end.
+  const auto bwd_index = [n](std::int64_t k) { return static_cast<std::size_t>(n + 3 + (n - 1 - k)); };
+  const auto span_ms = [&](int m, std::size_t a, std::size_t b) {  // the least over the rounds
+    double least = std::numeric_limits<double>::infinity();
+    for (const auto& marks : runs[m]) least = std::min(least, marks[b].ms - marks[a].ms);
+    return least;
+  };
+  ChainProfile p;
+  p.stages.resize(static_cast<std::size_t>(n));
+  for (int m = 0; m < kStageModes; ++m) {
+    const std::vector<Mark>& mk = runs[m].back();
+    for (std::int64_t k = 0; k < n; ++k) {
+      StageCosts& s = p.stages[static_cast<std::size_t>(k)];
+      const std::size_t f0 = static_cast<std::size_t>(1 + k), f1 = f0 + 1, b0 = bwd_index(k), b1 = b0 + 1;
+      s.fwd_ms[m] = span_ms(m, f0, f1);
+      s.bwd_ms[m] = span_ms(m, b0, b1);
+      for (int c = 0; c < kMemChannels; ++c) {
+        s.kept[m][c] = mk[f1].live[c] - mk[f0].live[c];
+        s.fwd_peak[m][c] = mk[f1].peak[c] - mk[f0].live[c];
+        s.bwd_peak[m][c] = mk[b1].peak[c] - mk[b0].live[c];
+        s.bwd_change[m][c] = mk[b1].live[c] - mk[b0].live[c];
+      }
+      s.output_bytes = output_bytes[static_cast<std::size_t>(k)];
+    }
+  }
+  // A plain stage that keeps its own output (ReLU) tags the next stage's input as saved;
+  // a region after it would count that tensor again, a plain stage after a region would
+  // not count it at all. So the saved channel books that tensor to the next stage, as
+  // every mode of the next stage then counts it (a region keeps its input; a plain stage
+  // saves it, as matmuls and norms do); the backward of the stage that made it still
+  // frees it, so what the next stage's backward leaves behind grows by it (safe: at
+  // most one tensor too many while the stage before runs backward).
+  for (std::int64_t k = 0; k + 1 < n; ++k) {
+    if (!output_saved[static_cast<std::size_t>(k)]) continue;
+    const std::int64_t o = output_bytes[static_cast<std::size_t>(k)];
+    StageCosts& s = p.stages[static_cast<std::size_t>(k)];
+    StageCosts& next = p.stages[static_cast<std::size_t>(k + 1)];
+    s.kept[0][1] -= o;
+    next.kept[0][1] += o;
+    next.fwd_peak[0][1] += o;
+  }
+  const std::vector<Mark>& mk = runs[0].back();
+  const auto chain_end = static_cast<std::size_t>(n + 1), bwd_call = chain_end + 1;
+  for (int c = 0; c < kMemChannels; ++c) {
+    p.start_live[c] = mk[1].live[c];
+    p.loss_fwd_peak[c] = mk[bwd_call].peak[c] - mk[chain_end].live[c];
+    p.loss_live[c] = mk[bwd_call].live[c] - mk[chain_end].live[c];
+    p.loss_bwd_peak[c] = mk[bwd_call + 1].peak[c] - mk[bwd_call].live[c];
+    p.backward_rest[c] = mk[bwd_call + 1].live[c] - mk[chain_end].live[c];
+    p.outside_peak[c] = std::max(mk[1].peak[c], mk[static_cast<std::size_t>(2 * n + 4)].peak[c]);
+    std::int64_t peak = 0;
+    for (const Mark& x : mk) peak = std::max(peak, x.peak[c]);
+    p.plain_peak[c] = peak;
+  }
+  for (const Mark& x : mk) p.model_state = std::max(p.model_state, x.state_peak);
+  const auto last = static_cast<std::size_t>(2 * n + 4);
+  p.outside_ms = span_ms(0, 0, 1) + span_ms(0, chain_end, bwd_call + 1) + span_ms(0, last - 1, last);
+  p.plain_ms = span_ms(0, 0, last);
+  return p;
+}
+
+}  // namespace trainmem

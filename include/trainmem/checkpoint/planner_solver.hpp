@@ -1,0 +1,330 @@
+// trainmem/checkpoint/planner_solver.hpp — the fastest schedule of a chain under a byte
+// budget: a cost model over the measured profile and an exact dynamic program over it.
+//
+// NOTE [The chain's memory model]
+// A schedule splits the chain into segments: a Keep stage, or a region (Recompute or
+// Selective) over stages [j, j'). Forward leaves `kept` bytes per segment; backward
+// visits segments last to first, and when it starts segment q the live bytes are
+//     start + (kept of segments 0..q) + backward_rest + G(end of q),
+// G(j) being what backward of stages j.. leaves behind (their gradients), taken from
+// the plain profile. A segment's backward peak P above that comes from its stages'
+// measured peaks: a region first recomputes stages j..j'-2 (their plain saved bytes
+// minus what the region kept), then runs the last stage as the one-stage region of the
+// profile did, then backward of the recomputed stages as in the plain step. The peak
+// of the step is the largest of these levels, of the forward levels, of the loss and
+// of the part outside the chain (optimizer). Time is the sum of measured stage times.
+//
+// Selective regions are one stage long (see solve_once).
+//
+// NOTE [The dynamic program]
+// best[j][a] = least time for stages [0, j) leaving `a` kept bytes (in buckets of u)
+// with every level so far within the budget M. A segment [j, j') in mode X moves a to
+// a + kept(j, j', X) if start + a·u + kept + backward_rest + G(j') + P ≤ M and the
+// forward level fits; the answer is the least best[N][a] whose loss level fits. Levels
+// of a region over [j, j') are running maxima over its inner stages, so all O(N²)
+// segments cost O(1) each before the bucket loop: O(N²·S) with S buckets. With u = 1
+// (small integer costs) the program is exact; with real byte counts u is range/S and
+// the chosen schedule is checked against the exact model (and re-solved with bytes
+// rounded up, which never lets a schedule through, if rounding to nearest did).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "trainmem/checkpoint/planner_profile.hpp"
+
+namespace trainmem {
+
+/// \brief The model's prediction for one schedule.
+struct PlanPrediction {
+  std::array<std::int64_t, kMemChannels> peak{};  // whole step, saved activations
+  double ms = 0.0;
+};
+
+/// \brief Cost of one segment on one channel.
+struct SegmentCost {
+  std::int64_t kept = 0;       // bytes the segment leaves kept after its forward
+  std::int64_t fwd_level = 0;  // forward peak above the live bytes at the segment's start
+  std::int64_t bwd_level = 0;  // backward peak above the live bytes at its backward start
+  double ms = 0.0;
+};
+
+namespace detail {
+
+inline std::size_t at(std::int64_t i) { return static_cast<std::size_t>(i); }
+
+/// Recompute time of stage k inside a region of mode m (Recompute: its forward; Selective: the
+/// cheap ops, as the one-stage selective region measured).
+inline double recompute_ms(const ChainProfile& p, std::int64_t k, StageMode m) {
+  const StageCosts& s = p.stages[at(k)];
+  if (m == StageMode::Recompute) return s.fwd_ms[0];
+  return std::max(0.0, s.bwd_ms[2] - s.bwd_ms[0]);
+}
+
+/// Backward level of stage k: what stages k.. leave behind, plain profile.
+inline std::vector<std::int64_t> leftover_suffix(const ChainProfile& p, int c) {
+  const std::int64_t n = p.size();
+  std::vector<std::int64_t> g(at(n + 1), 0);
+  for (std::int64_t k = n - 1; k >= 0; --k)
+    g[at(k)] = g[at(k + 1)] + p.stages[at(k)].kept[0][c] + p.stages[at(k)].bwd_change[0][c];
+  return g;
+}
+
+inline std::int64_t loss_need(const ChainProfile& p, int c) {
+  return std::max(p.loss_fwd_peak[c], p.loss_live[c] + p.loss_bwd_peak[c]);
+}
+
+}  // namespace detail
+
+/// The model's cost of segment s on channel c, by direct sums (the reference the solver's
+/// running sums must agree with).
+inline SegmentCost segment_cost(const ChainProfile& p, int c, const Segment& s) {
+  using detail::at;
+  const auto m = static_cast<int>(s.mode);
+  const std::int64_t j = s.begin, last = s.end - 1;
+  SegmentCost out;
+  if (s.mode == StageMode::Keep) {
+    for (std::int64_t k = s.begin; k < s.end; ++k) {  // Keep stages one by one
+      const StageCosts& st = p.stages[at(k)];
+      out.fwd_level = std::max(out.fwd_level, out.kept + st.fwd_peak[0][c]);
+      out.kept += st.kept[0][c];
+      out.ms += st.fwd_ms[0] + st.bwd_ms[0];
+    }
+    // Within a Keep run the backward levels are those of the single stages; solve and
+    // predict treat Keep runs stage by stage, so the level here is the last stage's.
+    out.bwd_level = p.stages[at(last)].bwd_peak[0][c];
+    return out;
+  }
+  std::int64_t inner = 0;  // kept by the region so far, before stage k
+  for (std::int64_t k = j; k <= last; ++k) {
+    const StageCosts& st = p.stages[at(k)];
+    const std::int64_t held = k > j ? p.stages[at(k - 1)].output_bytes : 0;
+    out.fwd_level = std::max(out.fwd_level, inner + held + st.fwd_peak[m][c]);
+    inner += st.kept[m][c] - st.output_bytes;
+    out.ms += st.fwd_ms[m];
+  }
+  out.kept = inner + p.stages[at(last)].output_bytes;
+  std::int64_t recomputed = 0;  // recompute of stages j..last-1 before the last stage's
+  std::int64_t level = 0;
+  for (std::int64_t k = j; k < last; ++k) {
+    const StageCosts& st = p.stages[at(k)];
+    level = std::max(level, recomputed + st.fwd_peak[0][c]);
+    recomputed += st.kept[0][c] - st.kept[m][c] + st.output_bytes;
+    out.ms += detail::recompute_ms(p, k, s.mode) + st.bwd_ms[0];
+  }
+  const StageCosts& tail = p.stages[at(last)];
+  level = std::max(level, recomputed + tail.bwd_peak[m][c]);
+  std::int64_t live = recomputed + tail.bwd_change[m][c];
+  for (std::int64_t k = last - 1; k >= j; --k) {
+    level = std::max(level, live + p.stages[at(k)].bwd_peak[0][c]);
+    live += p.stages[at(k)].bwd_change[0][c];
+  }
+  out.bwd_level = level;
+  out.ms += tail.bwd_ms[m];
+  return out;
+}
+
+/// Splits Keep segments into single stages (the form the model and the solver use).
+inline std::vector<Segment> split_keeps(const std::vector<Segment>& segments) {
+  std::vector<Segment> out;
+  for (const Segment& s : segments) {
+    if (s.mode != StageMode::Keep) {
+      out.push_back(s);
+      continue;
+    }
+    for (std::int64_t k = s.begin; k < s.end; ++k) out.push_back({k, k + 1, StageMode::Keep});
+  }
+  return out;
+}
+
+/// The model's peak (both channels) and time of a schedule.
+inline PlanPrediction predict(const ChainProfile& p, const std::vector<Segment>& schedule) {
+  const std::vector<Segment> segs = split_keeps(schedule);
+  PlanPrediction out;
+  out.ms = p.outside_ms;
+  for (int c = 0; c < kMemChannels; ++c) {
+    const std::vector<std::int64_t> g = detail::leftover_suffix(p, c);
+    std::int64_t peak = p.outside_peak[c], kept = 0;
+    for (const Segment& s : segs) {
+      const SegmentCost cost = segment_cost(p, c, s);
+      peak = std::max(peak, p.start_live[c] + kept + cost.fwd_level);
+      kept += cost.kept;
+      peak = std::max(peak, p.start_live[c] + kept + p.backward_rest[c] + g[detail::at(s.end)] + cost.bwd_level);
+      if (c == 0) out.ms += cost.ms;
+    }
+    peak = std::max(peak, p.start_live[c] + kept + detail::loss_need(p, c));
+    out.peak[c] = peak;
+  }
+  return out;
+}
+
+/// \brief Solver settings.
+struct SolverOptions {
+  std::int64_t buckets = 2000;           // memory resolution: the budget's range in this many steps
+  double work_limit = 2.5e8;             // at most N²·S bucket updates (fewer buckets on long chains)
+  bool allow_selective = true;
+};
+
+/// \brief A solver's answer.
+struct PlanSolution {
+  bool feasible = false;
+  std::vector<Segment> segments;
+  PlanPrediction prediction;
+};
+
+namespace detail {
+
+/// One dynamic program at budget `budget` on channel c (see NOTE [The dynamic program]).
+inline PlanSolution solve_once(const ChainProfile& p, int c, std::int64_t budget, const SolverOptions& o,
+                               bool round_up) {
+  const std::int64_t n = p.size();
+  PlanSolution none;
+  const std::int64_t range = budget - p.start_live[c];
+  if (range < 0 || p.outside_peak[c] > budget) return none;
+  const double nn = static_cast<double>(n) * static_cast<double>(n);
+  const std::int64_t buckets = std::max<std::int64_t>(
+      16, std::min<std::int64_t>(o.buckets, static_cast<std::int64_t>(o.work_limit / std::max(1.0, nn))));
+  const std::int64_t u = std::max<std::int64_t>(1, (range + buckets - 1) / buckets);
+  const std::int64_t width = range / u + 1;
+  const std::vector<std::int64_t> g = leftover_suffix(p, c);
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  std::vector<double> best(at((n + 1) * width), kInf);
+  std::vector<std::int32_t> from(at((n + 1) * width), -1);  // (j * 4 + mode) of the step into this state
+  std::vector<std::int32_t> from_a(at((n + 1) * width), -1);
+  std::vector<std::int64_t> lo(at(n + 1), width), hi(at(n + 1), -1);
+  best[0] = 0.0;
+  lo[0] = hi[0] = 0;
+  const auto bucket_floor = [u](std::int64_t bytes) {
+    return bytes < 0 ? -((-bytes + u - 1) / u) : bytes / u;  // floor division
+  };
+  const auto relax = [&](std::int64_t j, std::int64_t j2, int mode, const SegmentCost& cost) {
+    const std::int64_t limit_f = bucket_floor(budget - p.start_live[c] - cost.fwd_level);
+    const std::int64_t limit_b =
+        bucket_floor(budget - p.start_live[c] - cost.kept - p.backward_rest[c] - g[at(j2)] - cost.bwd_level);
+    const std::int64_t top = std::min({hi[at(j)], limit_f, limit_b});
+    if (top < lo[at(j)]) return;
+    const std::int64_t shift =
+        round_up ? (cost.kept > 0 ? (cost.kept + u - 1) / u : -((-cost.kept) / u))
+                 : static_cast<std::int64_t>(std::llround(static_cast<double>(cost.kept) / static_cast<double>(u)));
+    const std::int64_t first = std::max(lo[at(j)], -shift), last = std::min(top, width - 1 - shift);
+    if (last < first) return;
+    const double* src = &best[at(j * width)];
+    double* dst = &best[at(j2 * width + shift)];
+    std::int32_t* into = &from[at(j2 * width + shift)];
+    std::int32_t* into_a = &from_a[at(j2 * width + shift)];
+    const auto code = static_cast<std::int32_t>(j * 4 + mode);
+    for (std::int64_t a = first; a <= last; ++a) {  // branch-free, so it vectorises
+      const double v = src[a] + cost.ms;
+      const bool better = v < dst[a];
+      dst[a] = better ? v : dst[a];
+      into[a] = better ? code : into[a];
+      into_a[a] = better ? static_cast<std::int32_t>(a) : into_a[a];
+    }
+    lo[at(j2)] = std::min(lo[at(j2)], first + shift);  // a superset of the finite entries
+    hi[at(j2)] = std::max(hi[at(j2)], last + shift);
+  };
+  // Prefix sums of the plain profile for regions' running levels.
+  std::vector<std::int64_t> pe(at(n + 1), 0);  // backward live changes, plain
+  for (std::int64_t k = 0; k < n; ++k) pe[at(k + 1)] = pe[at(k)] + p.stages[at(k)].bwd_change[0][c];
+  for (std::int64_t j = 0; j < n; ++j) {
+    if (hi[at(j)] < lo[at(j)]) continue;
+    const StageCosts& sj = p.stages[at(j)];
+    relax(j, j + 1, 0, SegmentCost{sj.kept[0][c], sj.fwd_peak[0][c], sj.bwd_peak[0][c], sj.fwd_ms[0] + sj.bwd_ms[0]});
+    for (int mode = 1; mode < kStageModes; ++mode) {
+      if (mode == 2 && !o.allow_selective) continue;
+      const auto sm = static_cast<StageMode>(mode);
+      std::int64_t inner = 0;          // region-kept bytes of stages j..j2-1 minus their outputs
+      std::int64_t fwd_level = 0;      // running forward level
+      std::int64_t recomputed = 0;     // recompute of stages j..j2-2
+      std::int64_t recompute_peak = 0; // running max of recompute levels of stages j..j2-2
+      std::int64_t back_peak = std::numeric_limits<std::int64_t>::min();  // max of bwd_peak[0][k] - pe[k+1]
+      double fwd_ms = 0.0, inner_ms = 0.0;
+      // Selective regions span one stage: a longer one also keeps each inner stage's
+      // last matmul output (the next stage's recompute needs it), which the one-stage
+      // profile cannot see; with a residual add after that matmul it saves nothing anyway.
+      const std::int64_t last_end = mode == 2 ? j + 1 : n;
+      for (std::int64_t j2 = j + 1; j2 <= last_end; ++j2) {
+        const std::int64_t k = j2 - 1;  // the region's last stage
+        const StageCosts& st = p.stages[at(k)];
+        if (k > j) {  // stage k-1 becomes an inner stage
+          const StageCosts& in = p.stages[at(k - 1)];
+          recompute_peak = std::max(recompute_peak, recomputed + in.fwd_peak[0][c]);
+          recomputed += in.kept[0][c] - in.kept[mode][c] + in.output_bytes;
+          back_peak = std::max(back_peak, in.bwd_peak[0][c] - pe[at(k)]);
+          inner_ms += recompute_ms(p, k - 1, sm) + in.bwd_ms[0];
+        }
+        const std::int64_t held = k > j ? p.stages[at(k - 1)].output_bytes : 0;
+        fwd_level = std::max(fwd_level, inner + held + st.fwd_peak[mode][c]);
+        fwd_ms += st.fwd_ms[mode];
+        SegmentCost cost;
+        cost.kept = inner + st.kept[mode][c];
+        cost.fwd_level = fwd_level;
+        cost.bwd_level = std::max(recompute_peak, recomputed + st.bwd_peak[mode][c]);
+        if (k > j)
+          cost.bwd_level =
+              std::max(cost.bwd_level, recomputed + st.bwd_change[mode][c] + pe[at(k)] + back_peak);
+        cost.ms = fwd_ms + inner_ms + st.bwd_ms[mode];
+        relax(j, j2, mode, cost);
+        inner += st.kept[mode][c] - st.output_bytes;
+      }
+    }
+  }
+  std::int64_t best_a = -1;
+  const std::int64_t limit_end = bucket_floor(budget - p.start_live[c] - loss_need(p, c));
+  for (std::int64_t a = lo[at(n)]; a <= std::min(hi[at(n)], limit_end); ++a)
+    if (best[at(n * width + a)] < kInf && (best_a < 0 || best[at(n * width + a)] < best[at(n * width + best_a)]))
+      best_a = a;
+  if (best_a < 0) return none;
+  PlanSolution s;
+  s.feasible = true;
+  std::int64_t j2 = n, a2 = best_a;
+  while (j2 > 0) {
+    const std::int32_t f = from[at(j2 * width + a2)];
+    const std::int64_t j = f / 4;
+    s.segments.push_back({j, j2, static_cast<StageMode>(f % 4)});
+    a2 = from_a[at(j2 * width + a2)];
+    j2 = j;
+  }
+  std::reverse(s.segments.begin(), s.segments.end());
+  s.prediction = predict(p, s.segments);
+  return s;
+}
+
+}  // namespace detail
+
+/// The fastest schedule whose predicted peak on channel c is at most `budget`; not
+/// feasible when none is. The answer is always checked against `predict`.
+inline PlanSolution solve_chain(const ChainProfile& p, MemChannel channel, std::int64_t budget,
+                            const SolverOptions& options = {}) {
+  const int c = static_cast<int>(channel);
+  // Buckets rounded to nearest first; if rounding let a schedule through that the exact
+  // model rejects, once more with every segment's bytes rounded up (never lets one through).
+  PlanSolution s = detail::solve_once(p, c, budget, options, false);
+  if (s.feasible && s.prediction.peak[c] <= budget) return s;
+  s = detail::solve_once(p, c, budget, options, true);
+  if (s.feasible && s.prediction.peak[c] <= budget) return s;
+  return {};
+}
+
+/// The smallest budget on channel c that the solver meets (to `tolerance` bytes; exact
+/// when it works in whole bytes).
+inline std::int64_t smallest_budget(const ChainProfile& p, MemChannel channel, const SolverOptions& options = {},
+                                    std::int64_t tolerance = 0) {
+  const int c = static_cast<int>(channel);
+  std::int64_t hi = predict(p, {{0, p.size(), StageMode::Keep}}).peak[c];  // plain always fits its own peak
+  std::int64_t lo = std::max(p.outside_peak[c], p.start_live[c]) - 1;       // never feasible below these
+  if (tolerance <= 0) tolerance = std::max<std::int64_t>(1, (hi - lo) / 4096);
+  while (hi - lo > tolerance) {
+    const std::int64_t mid = lo + (hi - lo) / 2;
+    if (solve_chain(p, channel, mid, options).feasible)
+      hi = mid;
+    else
+      lo = mid;
+  }
+  return hi;
+}
+
+}  // namespace trainmem

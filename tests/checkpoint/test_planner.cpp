@@ -1,0 +1,186 @@
+// Checkpoint planner: the dynamic program finds the optimum that enumerating every
+// schedule finds; an impossible budget names the smallest possible one; a planned step's
+// gradients are bitwise the plain step's; the predicted peak is the measured one (2%).
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "common/chain_models.hpp"
+#include "trainmem/checkpoint/planner.hpp"
+#include "trainmem/trainmem.hpp"
+
+using namespace trainmem;
+using B = cpu::Backend;
+
+namespace {
+
+/// A chain profile with random integer costs (bytes small enough that the solver works in
+/// whole bytes, so it must be exact).
+ChainProfile random_profile(std::int64_t n, std::mt19937_64& rng) {
+  std::uniform_int_distribution<std::int64_t> small(0, 12), mid(0, 40);
+  std::uniform_real_distribution<double> ms(0.5, 10.0);
+  ChainProfile p;
+  p.stages.resize(static_cast<std::size_t>(n));
+  for (auto& s : p.stages) {
+    s.output_bytes = 1 + small(rng);
+    for (int m = 0; m < kStageModes; ++m) {
+      s.fwd_ms[m] = ms(rng);
+      s.bwd_ms[m] = ms(rng) * (m == 0 ? 1.0 : 1.5);
+      for (int c = 0; c < kMemChannels; ++c) {
+        s.kept[m][c] = m == 1 ? s.output_bytes : s.output_bytes + mid(rng) / (m == 2 ? 2 : 1);
+        s.fwd_peak[m][c] = s.kept[m][c] + small(rng);
+        s.bwd_peak[m][c] = mid(rng) + small(rng);
+        s.bwd_change[m][c] = -s.kept[m][c] + small(rng) / 3;
+      }
+    }
+  }
+  for (int c = 0; c < kMemChannels; ++c) {
+    p.start_live[c] = 50 + small(rng);
+    p.loss_fwd_peak[c] = small(rng);
+    p.loss_live[c] = small(rng);
+    p.loss_bwd_peak[c] = small(rng);
+    p.backward_rest[c] = small(rng);
+    p.outside_peak[c] = p.start_live[c] + small(rng);
+  }
+  p.outside_ms = 1.0;
+  return p;
+}
+
+/// Every schedule of stages [0, n): Keep or Selective per stage, or a Recompute region of any length.
+void enumerate(std::int64_t begin, std::int64_t n, std::vector<Segment>& prefix,
+               const std::function<void(const std::vector<Segment>&)>& visit) {
+  if (begin == n) {
+    visit(prefix);
+    return;
+  }
+  prefix.push_back({begin, begin + 1, StageMode::Keep});
+  enumerate(begin + 1, n, prefix, visit);
+  prefix.pop_back();
+  prefix.push_back({begin, begin + 1, StageMode::Selective});
+  enumerate(begin + 1, n, prefix, visit);
+  prefix.pop_back();
+  for (std::int64_t end = begin + 1; end <= n; ++end) {
+    prefix.push_back({begin, end, StageMode::Recompute});
+    enumerate(end, n, prefix, visit);
+    prefix.pop_back();
+  }
+}
+
+SolverOptions exact_solver() {
+  SolverOptions o;
+  o.buckets = 1 << 20;  // whole bytes
+  o.work_limit = 1e12;
+  return o;
+}
+
+/// Gradients of every parameter after one backward under `run`, as raw floats.
+template <class Model>
+std::vector<std::vector<float>> gradients(const Model& model, const ChainRunner<B>& run) {
+  for (auto& p : model.params) p.zero_grad();
+  model.step(run, 0.0);
+  std::vector<std::vector<float>> g;
+  for (auto& p : model.params) g.push_back(p.grad().template to_host<float>());
+  return g;
+}
+
+/// Planned steps at several budgets: measured peaks within 2% of the predicted ones.
+template <class Model>
+void check_predictions(const Model& model) {
+  Planner<B> planner(model.stages, [&model](const ChainRunner<B>& run) { model.step(run); });
+  const ChainProfile& p = planner.profile();
+  const std::int64_t plain_saved = p.plain_peak[1];
+  std::vector<Budget> budgets = {Budget::saved_activations(plain_saved), Budget::saved_activations(plain_saved / 2),
+                                 Budget::saved_activations(plain_saved / 4),
+                                 Budget::saved_activations(planner.smallest_budget(MemChannel::Saved)),
+                                 Budget::whole_step((p.plain_peak[0] + planner.smallest_budget(MemChannel::Total)) / 2),
+                                 Budget::whole_step(planner.smallest_budget(MemChannel::Total))};
+  for (const Budget& budget : budgets) {
+    const CheckpointPlan<B> plan = planner.plan(budget);
+    const StepMeasurement m = planner.measure(plan);
+    INFO(plan.str() << plan.compare(m));
+    for (int c = 0; c < kMemChannels; ++c)
+      CHECK(std::abs(static_cast<double>(plan.prediction().peak[c] - m.peak[c])) <= 0.02 * static_cast<double>(m.peak[c]));
+    CHECK(m.peak[static_cast<int>(budget.channel)] <= budget.bytes + budget.bytes / 50);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("the planner's dynamic program finds the optimum of all schedules (random chains, N <= 10)",
+          "[checkpoint][planner]") {
+  std::mt19937_64 rng(20261201);
+  for (std::int64_t n = 1; n <= 9; ++n) {
+    for (int trial = 0; trial < (n <= 6 ? 4 : 1); ++trial) {
+      const ChainProfile p = random_profile(n, rng);
+      for (int c = 0; c < kMemChannels; ++c) {
+        // All schedules' predictions, once.
+        std::vector<PlanPrediction> all;
+        std::vector<Segment> prefix;
+        enumerate(0, n, prefix, [&](const std::vector<Segment>& s) { all.push_back(predict(p, s)); });
+        std::int64_t least = std::numeric_limits<std::int64_t>::max(), most = 0;
+        for (const auto& a : all) least = std::min(least, a.peak[c]), most = std::max(most, a.peak[c]);
+        CHECK(smallest_budget(p, static_cast<MemChannel>(c), exact_solver()) == least);
+        for (std::int64_t budget : {least - 1, least, (least + most) / 2, (3 * least + most) / 4, most}) {
+          double best = std::numeric_limits<double>::infinity();
+          for (const auto& a : all)
+            if (a.peak[c] <= budget) best = std::min(best, a.ms);
+          const PlanSolution s = solve_chain(p, static_cast<MemChannel>(c), budget, exact_solver());
+          INFO("n " << n << " channel " << c << " budget " << budget << " (least " << least << ")");
+          REQUIRE(s.feasible == std::isfinite(best));
+          if (!s.feasible) continue;
+          CHECK(s.prediction.peak[c] <= budget);
+          CHECK(s.prediction.ms == Approx(best).epsilon(1e-12));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("an impossible budget throws an error naming the smallest feasible budget and the model state",
+          "[checkpoint][planner][errors]") {
+  examples::ResidualMlpChain<B> chain(6, 16, 64, 32);
+  Planner<B> planner(chain.stages, [&chain](const ChainRunner<B>& run) { chain.step(run); }, {1, {}});
+  const std::int64_t least = planner.smallest_budget(MemChannel::Total);
+  CHECK(least >= planner.profile().model_state);
+  CHECK(least < planner.profile().plain_peak[0]);
+  REQUIRE_THROWS_AS(planner.plan(Budget::whole_step(least - 4096)), Error);
+  REQUIRE_THROWS_WITH(planner.plan(Budget::whole_step(least - 4096)),
+                      Catch::Contains("smallest that fits is " + std::to_string(least) + " bytes") &&
+                          Catch::Contains(std::to_string(planner.profile().model_state) + " bytes") &&
+                          Catch::Contains("model state"));
+  CHECK_NOTHROW(planner.plan(Budget::whole_step(least)));
+}
+
+TEST_CASE("a planned step's gradients are bitwise those of the plain step", "[checkpoint][planner]") {
+  examples::ResidualMlpChain<B> chain(8, 16, 64, 32);
+  Planner<B> planner(chain.stages, [&chain](const ChainRunner<B>& run) { chain.step(run); }, {1, {}});
+  const auto n = static_cast<std::int64_t>(chain.stages.size());
+  const auto reference = gradients(chain, ChainRunner<B>(chain.stages, {{0, n, StageMode::Keep}}));
+  const std::int64_t plain = planner.profile().plain_peak[1];
+  for (std::int64_t budget : {plain / 2, plain / 4, planner.smallest_budget(MemChannel::Saved)}) {
+    const CheckpointPlan<B> plan = planner.plan(Budget::saved_activations(budget));
+    INFO(plan.str());
+    bool any_region = false;
+    for (const Segment& s : plan.segments()) any_region = any_region || s.mode != StageMode::Keep;
+    CHECK(any_region);
+    CHECK(gradients(chain, plan.runner()) == reference);
+  }
+  // A hand-made mixed schedule too, with a selective region over two stages.
+  const std::vector<Segment> mixed = {
+      {0, 3, StageMode::Recompute}, {3, 4, StageMode::Selective}, {4, 6, StageMode::Selective}, {6, 8, StageMode::Keep}};  // 4-6: selective over two stages
+  CHECK(gradients(chain, ChainRunner<B>(chain.stages, mixed)) == reference);
+}
+
+TEST_CASE("predicted peaks are within 2% of the measured ones: residual MLP chain", "[checkpoint][planner]") {
+  examples::ResidualMlpChain<B> chain(16, 64, 256, 128);
+  check_predictions(chain);
+}
+
+TEST_CASE("predicted peaks are within 2% of the measured ones: transformer stack", "[checkpoint][planner]") {
+  examples::TransformerStack<B> stack(8, 32, 4, 64, 64, 8, 32);
+  check_predictions(stack);
+}
