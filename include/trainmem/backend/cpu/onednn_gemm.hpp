@@ -26,7 +26,7 @@
 #include "trainmem/core/gemm_args.hpp"
 
 #if defined(TRAINMEM_WITH_ONEDNN)
-#include <oneapi/dnnl/dnnl.hpp>
+#include <oneapi/dnnl/dnnl.h>
 
 #include <cstring>
 #include <memory>
@@ -38,7 +38,36 @@ namespace trainmem::cpu::detail {
 
 #if defined(TRAINMEM_WITH_ONEDNN)
 
+// NOTE [oneDNN's C API]
+// This header talks to oneDNN through its C API (dnnl.h), not the C++ one (dnnl.hpp):
+// every translation unit that includes trainmem, nvcc's included, must see the same CPU
+// backend, and nvcc 13's front end stops with an internal error on dnnl.hpp in C++20.
+// The C handles are owned by the small RAII types below.
+
 inline constexpr bool kHaveOneDnn = true;
+
+template <class Handle, dnnl_status_t (*destroy)(Handle)>
+struct OneDnnHandle {
+  Handle handle = nullptr;
+  OneDnnHandle() = default;
+  OneDnnHandle(const OneDnnHandle&) = delete;
+  OneDnnHandle& operator=(const OneDnnHandle&) = delete;
+  OneDnnHandle(OneDnnHandle&& other) noexcept : handle(other.handle) { other.handle = nullptr; }
+  ~OneDnnHandle() {
+    if (handle) destroy(handle);
+  }
+};
+using OneDnnPrimitiveDesc = OneDnnHandle<dnnl_primitive_desc_t, dnnl_primitive_desc_destroy>;
+using OneDnnPrimitive = OneDnnHandle<dnnl_primitive_t, dnnl_primitive_destroy>;
+using OneDnnAttr = OneDnnHandle<dnnl_primitive_attr_t, dnnl_primitive_attr_destroy>;
+using OneDnnPostOps = OneDnnHandle<dnnl_post_ops_t, dnnl_post_ops_destroy>;
+using OneDnnMemory = OneDnnHandle<dnnl_memory_t, dnnl_memory_destroy>;
+using OneDnnEngine = OneDnnHandle<dnnl_engine_t, dnnl_engine_destroy>;
+using OneDnnStream = OneDnnHandle<dnnl_stream_t, dnnl_stream_destroy>;
+
+inline void onednn_check(dnnl_status_t status, const char* call) {
+  if (status != dnnl_success) throw Error(trainmem::detail::concat("oneDNN: ", call, " failed with status ", status));
+}
 
 /// \brief Whether oneDNN on this CPU multiplies 16-bit operands in hardware matrix units.
 ///
@@ -47,7 +76,7 @@ inline constexpr bool kHaveOneDnn = true;
 /// The effective ISA honours ONEDNN_MAX_CPU_ISA, which masks AMX off for a measurement.
 inline bool onednn_has_amx() {
   static const bool amx = [] {
-    const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+    const auto isa = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
     const auto need = static_cast<unsigned>(dnnl_cpu_isa_avx512_core_amx);
     return (isa & need) == need;
   }();
@@ -55,28 +84,28 @@ inline bool onednn_has_amx() {
 }
 
 inline const char* onednn_isa_name() {
-  switch (dnnl::get_effective_cpu_isa()) {
-    case dnnl::cpu_isa::avx512_core_amx: return "avx512_core_amx";
-    case dnnl::cpu_isa::avx512_core_bf16: return "avx512_core_bf16";
-    case dnnl::cpu_isa::avx512_core_vnni: return "avx512_core_vnni";
-    case dnnl::cpu_isa::avx512_core: return "avx512_core";
-    case dnnl::cpu_isa::avx2_vnni: return "avx2_vnni";
-    case dnnl::cpu_isa::avx2: return "avx2";
+  switch (dnnl_get_effective_cpu_isa()) {
+    case dnnl_cpu_isa_avx512_core_amx: return "avx512_core_amx";
+    case dnnl_cpu_isa_avx512_core_bf16: return "avx512_core_bf16";
+    case dnnl_cpu_isa_avx512_core_vnni: return "avx512_core_vnni";
+    case dnnl_cpu_isa_avx512_core: return "avx512_core";
+    case dnnl_cpu_isa_avx2_vnni: return "avx2_vnni";
+    case dnnl_cpu_isa_avx2: return "avx2";
     default: return "other";
   }
 }
 
 template <class T>
-constexpr dnnl::memory::data_type onednn_type() {
-  if constexpr (std::is_same_v<T, float>) return dnnl::memory::data_type::f32;
-  else if constexpr (std::is_same_v<T, BFloat16>) return dnnl::memory::data_type::bf16;
-  else if constexpr (std::is_same_v<T, Half>) return dnnl::memory::data_type::f16;
-  else return dnnl::memory::data_type::undef;
+constexpr dnnl_data_type_t onednn_type() {
+  if constexpr (std::is_same_v<T, float>) return dnnl_f32;
+  else if constexpr (std::is_same_v<T, BFloat16>) return dnnl_bf16;
+  else if constexpr (std::is_same_v<T, Half>) return dnnl_f16;
+  else return dnnl_data_type_undef;
 }
 
 /// Everything a matmul primitive is specialised for.
 struct OneDnnKey {
-  dnnl::memory::data_type ab, c;
+  dnnl_data_type_t ab, c;
   bool bias, gelu;  // the epilogue (an F32 bias row)
   GemmArgs args;
   bool operator==(const OneDnnKey& o) const {
@@ -106,12 +135,12 @@ struct OneDnnKeyHash {
   }
 };
 
-/// A matmul primitive with the descriptor it was made from (memory descs, scratchpad size).
+/// A matmul primitive with the descriptors its execution binds (operands, bias, scratchpad).
 struct OneDnnMatmul {
-  dnnl::matmul::primitive_desc pd;
-  dnnl::matmul primitive;
-  dnnl::memory::desc bias;  // the bias row, and the execute argument it binds to
-  int bias_arg;
+  OneDnnPrimitiveDesc pd;
+  OneDnnPrimitive primitive;
+  dnnl_memory_desc_t a{}, b{}, c{}, scratchpad{}, bias{};
+  int bias_arg = 0;
 };
 
 /// \brief The engine, its stream and the primitive cache (one per process).
@@ -133,58 +162,79 @@ class OneDnnMatmuls {
     return it->second.get();
   }
 
-  dnnl::engine& engine() { return engine_; }
-  dnnl::stream& stream() { return stream_; }
+  dnnl_engine_t engine() { return engine_.handle; }
+  dnnl_stream_t stream() { return stream_.handle; }
 
  private:
   static constexpr std::size_t kMaxEntries = 4096;
 
-  OneDnnMatmuls() : engine_(dnnl::engine::kind::cpu, 0), stream_(engine_) {}
+  OneDnnMatmuls() {
+    onednn_check(dnnl_engine_create(&engine_.handle, dnnl_cpu, 0), "dnnl_engine_create");
+    onednn_check(dnnl_stream_create(&stream_.handle, engine_.handle, dnnl_stream_default_flags),
+                 "dnnl_stream_create");
+  }
+
+  /// A memory descriptor of `ndims` dims with the given strides (dense where oneDNN wants).
+  static bool describe(dnnl_memory_desc_t& md, std::initializer_list<std::int64_t> dims,
+                       std::initializer_list<std::int64_t> strides, dnnl_data_type_t type) {
+    dnnl_dims_t d{}, s{};
+    int i = 0;
+    for (const std::int64_t v : dims) d[i++] = v;
+    i = 0;
+    for (const std::int64_t v : strides) s[i++] = v;
+    return dnnl_memory_desc_init_by_strides(&md, static_cast<int>(dims.size()), d, type, s) == dnnl_success;
+  }
 
   /// op(X) of a batch as rows x cols with X stored [rows, cols] (or [cols, rows] when trans).
-  static dnnl::memory::desc operand(std::int64_t batch, std::int64_t stride, std::int64_t rows, std::int64_t cols,
-                                    bool trans, dnnl::memory::data_type type) {
+  static bool operand(dnnl_memory_desc_t& md, std::int64_t batch, std::int64_t stride, std::int64_t rows,
+                      std::int64_t cols, bool trans, dnnl_data_type_t type) {
     const std::int64_t row_stride = trans ? 1 : cols, col_stride = trans ? rows : 1;
-    if (batch == 1) return dnnl::memory::desc({rows, cols}, type, {row_stride, col_stride});
-    if (stride == 0) return dnnl::memory::desc({1, rows, cols}, type, {rows * cols, row_stride, col_stride});
-    return dnnl::memory::desc({batch, rows, cols}, type, {stride, row_stride, col_stride});
+    if (batch == 1) return describe(md, {rows, cols}, {row_stride, col_stride}, type);
+    if (stride == 0) return describe(md, {1, rows, cols}, {rows * cols, row_stride, col_stride}, type);
+    return describe(md, {batch, rows, cols}, {stride, row_stride, col_stride}, type);
   }
 
+  /// The primitive for key, or null where oneDNN has no kernel (dtypes, strides, attributes).
   std::unique_ptr<OneDnnMatmul> create(const OneDnnKey& key) const {
     const GemmArgs& g = key.args;
-    using dt = dnnl::memory::data_type;
-    try {
-      const auto a = operand(g.batch, g.stride_a, g.m, g.k, g.trans_a, key.ab);
-      const auto b = operand(g.batch, g.stride_b, g.k, g.n, g.trans_b, key.ab);
-      const auto c = operand(g.batch, g.stride_c, g.m, g.n, false, key.c);
-      // oneDNN scales its own bias with alpha (dst = alpha (A B + bias)), so with alpha != 1
-      // the bias is a binary post-op after the scaling instead.
-      const bool has_bias = key.bias, bias_post_op = has_bias && g.alpha != 1.0;
-      const auto bias = !has_bias      ? dnnl::memory::desc()
-                        : g.batch == 1 ? dnnl::memory::desc({1, g.n}, dt::f32, {g.n, 1})
-                                       : dnnl::memory::desc({1, 1, g.n}, dt::f32, {g.n, g.n, 1});
-      dnnl::primitive_attr attr;
-      attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-      if (g.alpha != 1.0) attr.set_output_scales(0, {static_cast<float>(g.alpha)});
-      dnnl::post_ops ops;
-      if (g.beta != 0.0) ops.append_sum(static_cast<float>(g.beta));
-      if (bias_post_op) ops.append_binary(dnnl::algorithm::binary_add, bias);
-    if (key.gelu) ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_gelu_tanh, 0.0f, 0.0f);
-      attr.set_post_ops(ops);
-      dnnl::matmul::primitive_desc pd(
-          dnnl::matmul::desc(a, b, has_bias && !bias_post_op ? bias : dnnl::memory::desc(), c), attr, engine_);
-      dnnl::matmul primitive(pd);
-      const int bias_arg = !has_bias      ? 0
-                           : bias_post_op ? DNNL_ARG_ATTR_MULTIPLE_POST_OP(g.beta != 0.0 ? 1 : 0) | DNNL_ARG_SRC_1
-                                          : DNNL_ARG_BIAS;
-      return std::make_unique<OneDnnMatmul>(OneDnnMatmul{std::move(pd), std::move(primitive), bias, bias_arg});
-    } catch (const dnnl::error&) {
-      return nullptr;  // no kernel for these dtypes, strides or attributes on this CPU
-    }
+    auto matmul = std::make_unique<OneDnnMatmul>();
+    if (!operand(matmul->a, g.batch, g.stride_a, g.m, g.k, g.trans_a, key.ab) ||
+        !operand(matmul->b, g.batch, g.stride_b, g.k, g.n, g.trans_b, key.ab) ||
+        !operand(matmul->c, g.batch, g.stride_c, g.m, g.n, false, key.c))
+      return nullptr;
+    // oneDNN scales its own bias with alpha (dst = alpha (A B + bias)), so with alpha != 1
+    // the bias is a binary post-op after the scaling instead.
+    const bool has_bias = key.bias, bias_post_op = has_bias && g.alpha != 1.0;
+    if (has_bias && !(g.batch == 1 ? describe(matmul->bias, {1, g.n}, {g.n, 1}, dnnl_f32)
+                                   : describe(matmul->bias, {1, 1, g.n}, {g.n, g.n, 1}, dnnl_f32)))
+      return nullptr;
+    OneDnnAttr attr;
+    OneDnnPostOps ops;
+    if (dnnl_primitive_attr_create(&attr.handle) != dnnl_success || dnnl_post_ops_create(&ops.handle) != dnnl_success)
+      return nullptr;
+    bool ok = dnnl_primitive_attr_set_scratchpad_mode(attr.handle, dnnl_scratchpad_mode_user) == dnnl_success;
+    const float alpha = static_cast<float>(g.alpha);
+    if (g.alpha != 1.0) ok = ok && dnnl_primitive_attr_set_output_scales(attr.handle, 1, 0, &alpha) == dnnl_success;
+    if (g.beta != 0.0) ok = ok && dnnl_post_ops_append_sum(ops.handle, static_cast<float>(g.beta)) == dnnl_success;
+    if (bias_post_op) ok = ok && dnnl_post_ops_append_binary(ops.handle, dnnl_binary_add, &matmul->bias) == dnnl_success;
+    if (key.gelu) ok = ok && dnnl_post_ops_append_eltwise(ops.handle, 1.0f, dnnl_eltwise_gelu_tanh, 0.0f, 0.0f) == dnnl_success;
+    ok = ok && dnnl_primitive_attr_set_post_ops(attr.handle, ops.handle) == dnnl_success;
+    dnnl_matmul_desc_t desc;
+    ok = ok && dnnl_matmul_desc_init(&desc, &matmul->a, &matmul->b, has_bias && !bias_post_op ? &matmul->bias : nullptr,
+                                     &matmul->c) == dnnl_success;
+    ok = ok && dnnl_primitive_desc_create(&matmul->pd.handle, &desc, attr.handle, engine_.handle, nullptr) ==
+                   dnnl_success;
+    ok = ok && dnnl_primitive_create(&matmul->primitive.handle, matmul->pd.handle) == dnnl_success;
+    if (!ok) return nullptr;  // no kernel for these dtypes, strides or attributes on this CPU
+    matmul->scratchpad = *dnnl_primitive_desc_query_md(matmul->pd.handle, dnnl_query_scratchpad_md, 0);
+    matmul->bias_arg = !has_bias      ? 0
+                       : bias_post_op ? DNNL_ARG_ATTR_MULTIPLE_POST_OP(g.beta != 0.0 ? 1 : 0) | DNNL_ARG_SRC_1
+                                      : DNNL_ARG_BIAS;
+    return matmul;
   }
 
-  dnnl::engine engine_;
-  dnnl::stream stream_;
+  OneDnnEngine engine_;
+  OneDnnStream stream_;
   std::mutex mutex_;
   std::unordered_map<OneDnnKey, std::unique_ptr<OneDnnMatmul>, OneDnnKeyHash> cache_;
 };
@@ -192,8 +242,7 @@ class OneDnnMatmuls {
 /// The primitive for C = act(alpha op(A) op(B) + beta C + bias) in these storage types, or null.
 template <class TA, class TC>
 const OneDnnMatmul* onednn_matmul(const GemmArgs& g, const Epilogue<float>& epilogue) {
-  if constexpr (onednn_type<TA>() == dnnl::memory::data_type::undef ||
-                onednn_type<TC>() == dnnl::memory::data_type::undef) {
+  if constexpr (onednn_type<TA>() == dnnl_data_type_undef || onednn_type<TC>() == dnnl_data_type_undef) {
     return nullptr;
   } else {
     if (g.k <= 0) return nullptr;  // C = beta C (+ bias): oneDNN wants a non-empty reduction
@@ -219,19 +268,24 @@ bool onednn_gemm(const GemmArgs& g, const TA* a, const TA* b, TC* c, const Epilo
     const OneDnnMatmul* matmul = onednn_matmul<TA, TC>(g, epilogue);
     if (!matmul) return false;
     auto& matmuls = OneDnnMatmuls::instance();
-    const dnnl::matmul::primitive_desc& pd = matmul->pd;
-    auto memory = [&](const dnnl::memory::desc& desc, const void* data) {
-      return dnnl::memory(desc, matmuls.engine(), const_cast<void*>(data));
+    const Workspace<unsigned char> scratch(allocator, dnnl_memory_desc_get_size(&matmul->scratchpad));
+    OneDnnMemory memories[5];
+    dnnl_exec_arg_t args[5];
+    int count = 0;
+    auto bind = [&](int arg, const dnnl_memory_desc_t& desc, const void* data) {
+      onednn_check(dnnl_memory_create(&memories[count].handle, &desc, matmuls.engine(), const_cast<void*>(data)),
+                   "dnnl_memory_create");
+      args[count] = dnnl_exec_arg_t{arg, memories[count].handle};
+      ++count;
     };
-    const dnnl::memory::desc scratch_desc = pd.scratchpad_desc();
-    const Workspace<unsigned char> scratch(allocator, scratch_desc.get_size());
-    std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, memory(pd.src_desc(), a)},
-                                               {DNNL_ARG_WEIGHTS, memory(pd.weights_desc(), b)},
-                                               {DNNL_ARG_DST, memory(pd.dst_desc(), c)},
-                                               {DNNL_ARG_SCRATCHPAD, memory(scratch_desc, scratch.get())}};
-    if (epilogue.bias) args.emplace(matmul->bias_arg, memory(matmul->bias, epilogue.bias));
-    matmul->primitive.execute(matmuls.stream(), args);
-    matmuls.stream().wait();
+    bind(DNNL_ARG_SRC, matmul->a, a);
+    bind(DNNL_ARG_WEIGHTS, matmul->b, b);
+    bind(DNNL_ARG_DST, matmul->c, c);
+    bind(DNNL_ARG_SCRATCHPAD, matmul->scratchpad, scratch.get());
+    if (epilogue.bias) bind(matmul->bias_arg, matmul->bias, epilogue.bias);
+    onednn_check(dnnl_primitive_execute(matmul->primitive.handle, matmuls.stream(), count, args),
+                 "dnnl_primitive_execute");
+    onednn_check(dnnl_stream_wait(matmuls.stream()), "dnnl_stream_wait");
     return true;
   }
 }
