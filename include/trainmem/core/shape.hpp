@@ -30,7 +30,14 @@ class Shape {
     return n;
   }
   /// Product of all but the last extent: the number of rows of a [rows, cols] view.
-  std::int64_t rows() const { return dims_.empty() ? 1 : numel() / dims_.back(); }
+  /// A product, not numel() / back(): a last extent of 0 leaves the rows as they are.
+  std::int64_t rows() const { return leading(1); }
+  /// Product of all but the last `trailing` extents (1 for a rank <= trailing).
+  std::int64_t leading(std::size_t trailing) const {
+    std::int64_t n = 1;
+    for (std::size_t i = 0; i + trailing < dims_.size(); ++i) n *= dims_[i];
+    return n;
+  }
 
   bool operator==(const Shape&) const = default;
 

@@ -106,6 +106,7 @@ class Tensor {
   std::vector<T> to_host() const {
     require_defined("to_host");
     std::vector<T> out(static_cast<std::size_t>(numel()));
+    if (out.empty()) return out;
     visit_dtype(dtype_, [&]<class S>() {
       std::vector<S> raw(out.size());
       backend().download(raw.data(), data(), bytes());
