@@ -24,6 +24,7 @@ class Shape {
   std::int64_t back() const { return dims_.empty() ? 1 : dims_.back(); }
   const std::vector<std::int64_t>& dims() const { return dims_; }
 
+  /// Checked at construction to fit int64 (so no product of extents here can overflow).
   std::int64_t numel() const {
     std::int64_t n = 1;
     for (auto d : dims_) n *= d;
@@ -55,6 +56,13 @@ class Shape {
  private:
   void validate() const {
     for (auto d : dims_) detail::check(d >= 0, "Shape: negative extent in ", *this);
+    for (auto d : dims_)
+      if (d == 0) return;  // an empty tensor: every product is 0
+    std::int64_t n = 1;
+    for (auto d : dims_) {
+      detail::check(!__builtin_mul_overflow(n, d, &n), "Shape: ", *this,
+                    " has more elements than an int64 holds (2^63 - 1)");
+    }
   }
   std::vector<std::int64_t> dims_;
 };

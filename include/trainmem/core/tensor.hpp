@@ -71,7 +71,9 @@ class Tensor {
   /// Uninitialised tensor.
   static Tensor empty(Shape shape, DType dtype, MemCategory category = MemCategory::Temporary,
                       B& backend = B::default_instance()) {
-    const auto bytes = static_cast<std::size_t>(shape.numel()) * size_of(dtype);
+    std::size_t bytes = 0;
+    detail::check(!__builtin_mul_overflow(static_cast<std::size_t>(shape.numel()), size_of(dtype), &bytes),
+                  "Tensor::empty: ", shape, " ", dtype, " needs more bytes than a size_t holds");
     return Tensor(std::make_shared<Storage<B>>(backend, bytes, category), 0, std::move(shape), dtype);
   }
   static Tensor zeros(Shape shape, DType dtype, MemCategory category = MemCategory::Temporary,
