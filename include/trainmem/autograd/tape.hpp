@@ -118,6 +118,8 @@ class Tape {
     if (seed.defined()) {
       detail::check(seed.shape() == r.value.shape(), "backward: seed gradient is ", seed.shape(), ", root is ",
                     r.value.shape());
+      detail::check(seed.dtype() == r.value.dtype(), "backward: seed gradient is ", seed.dtype(), ", root ",
+                    r.value.shape(), " is ", r.value.dtype(), " (the seed must have the root's dtype)");
       seed_grad = seed;
     } else {
       detail::check(r.value.numel() == 1, "backward: the root is ", r.value.shape(),

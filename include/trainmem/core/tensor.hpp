@@ -8,6 +8,7 @@
 // moved is detected in backward instead of silently giving wrong gradients.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -89,6 +90,13 @@ class Tensor {
     static_assert(std::is_arithmetic_v<T>, "from_host takes float or double values");
     detail::check(static_cast<std::int64_t>(values.size()) == shape.numel(), "Tensor::from_host: shape ", shape,
                   " needs ", shape.numel(), " values, got ", values.size());
+    if (dtype == DType::I32) {  // ids and labels: a value that is not an i32 exactly has no meaning
+      for (std::size_t i = 0; i < values.size(); ++i) {
+        const double v = static_cast<double>(values[i]);
+        detail::check(v == std::floor(v) && v >= -2147483648.0 && v <= 2147483647.0, "Tensor::from_host: value ", v,
+                      " at index ", i, " is not an i32 (NaN, fractional or outside [-2^31, 2^31))");
+      }
+    }
     Tensor t = empty(std::move(shape), dtype, category, backend);
     visit_dtype(dtype, [&]<class S>() {
       std::vector<S> converted(values.size());
