@@ -4,7 +4,8 @@
 // tracked allocator (and so the MemoryStats; GEMM workspaces come from it too), and the kernels, each
 // a method that checks nothing (ops validate before calling) and turns run-time
 // dtypes into C++ types once. `default_instance()` is what tensors use unless told
-// otherwise; tests that count bytes make their own instance.
+// otherwise; tests that count bytes make their own instance. Several threads may share
+// one Backend (its allocator and MemoryStats lock; the kernels keep no state).
 #pragma once
 
 #include <cstddef>
