@@ -6,7 +6,11 @@
 // malloc costs. Cached bytes are not live bytes; `cached_bytes()` reports them and
 // `release_cached()` returns them to the system.
 //
-// Thread safety: allocate, deallocate and the cache methods may be called from several
+// Fault injection: `fail_allocation(k)` makes the k-th allocation from now throw
+// trainmem::Error as an exhausted system would, so tests can check that every
+// allocation point of a training step fails cleanly.
+//
+// Thread safety: allocate, deallocate, fail_allocation and the cache methods may be called from several
 // threads at once (the cache is behind a mutex, MemoryStats locks its own counters), so
 // threads that each train their own model can share one backend, the default one
 // included. What one thread's tensors and tapes hold is not shared: a Tensor, Var or
@@ -38,6 +42,9 @@ class Allocator {
     const std::size_t rounded = round_up(bytes);
     void* ptr = nullptr;
     std::lock_guard lock(mutex_);
+    if (fail_countdown_ > 0 && --fail_countdown_ == 0)
+      throw Error(trainmem::detail::concat("cpu::Allocator: injected failure allocating ", bytes, " bytes for ",
+                                           name_of(category), " (fail_allocation)"));
     if (auto it = cache_.find(rounded); it != cache_.end() && !it->second.empty()) {
       ptr = it->second.back();
       it->second.pop_back();
@@ -62,6 +69,12 @@ class Allocator {
     } else {
       std::free(ptr);
     }
+  }
+
+  /// The k-th allocation from now (1: the next) throws trainmem::Error, once; 0 disarms.
+  void fail_allocation(std::int64_t k) {
+    std::lock_guard lock(mutex_);
+    fail_countdown_ = k > 0 ? k : 0;
   }
 
   /// Turn the block cache off (every free goes straight back to the system) or on.
@@ -93,6 +106,7 @@ class Allocator {
   bool caching_ = true;
   std::size_t cached_bytes_ = 0;
   std::unordered_map<std::size_t, std::vector<void*>> cache_;
+  std::int64_t fail_countdown_ = 0;  // > 0: allocations left until the injected failure
   mutable std::mutex mutex_;
 };
 
