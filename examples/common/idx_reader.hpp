@@ -1,12 +1,15 @@
 // examples/common/idx_reader.hpp — reads (Fashion-)MNIST IDX files, gzip or plain.
 //
 // An IDX file is a 4-byte magic (0, 0, element type, rank), `rank` big-endian u32
-// extents, then the elements row-major. zlib's gzread inflates a .gz file and reads
-// an uncompressed one unchanged, and on reaching the end of a gzip member it checks
-// the member's CRC-32 and length, so a corrupt or truncated download is caught here
-// (one byte is read past the expected payload to make zlib reach that end) rather
-// than showing up later as a model that learns nothing. Every failure throws
-// trainmem::Error naming the file and what was wrong.
+// extents, then the elements row-major. A file that starts with gzip's magic (1f 8b)
+// is inflated with zlib's inflate, which checks the member's CRC-32 and length at its
+// end; any other file is read as it is. So a corrupt or truncated download is caught
+// here rather than showing up later as a model that learns nothing: bad deflate data
+// or a bad trailer is "corrupt gzip data", a stream that stops early is "truncated",
+// and anything after the one gzip member (IDX files have one) is rejected. The data is
+// read in chunks and the array grows as bytes arrive, so a damaged header that
+// declares 2 GiB costs no more memory than the bytes the file really holds. Every
+// failure throws trainmem::Error naming the file and what was wrong.
 #pragma once
 
 #include <zlib.h>
@@ -16,6 +19,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -33,73 +37,102 @@ struct IdxArray {
 
 namespace detail {
 
-/// A gzFile that closes itself; every read checks for short reads and zlib errors.
+/// Bytes of an IDX file, inflated when it is gzip; every read checks for short reads and zlib errors.
 class GzReader {
  public:
   explicit GzReader(const std::filesystem::path& path) : path_(path.string()) {
     trainmem::detail::check(std::filesystem::exists(path), "IDX file ", path_, ": does not exist");
-    file_ = gzopen(path_.c_str(), "rb");
-    trainmem::detail::check(file_ != nullptr, "IDX file ", path_, ": cannot be opened");
+    file_.open(path, std::ios::binary);
+    trainmem::detail::check(file_.is_open(), "IDX file ", path_, ": cannot be opened");
+    refill();
+    gzip_ = z_.avail_in >= 2 && buffer_[0] == 0x1f && buffer_[1] == 0x8b;
+    if (gzip_) {
+      // 15 + 16: the largest window, and a gzip header and trailer around the deflate data.
+      trainmem::detail::check(inflateInit2(&z_, 15 + 16) == Z_OK, "IDX file ", path_, ": zlib cannot start inflating");
+      inflating_ = true;
+    }
   }
   ~GzReader() {
-    if (file_ != nullptr) gzclose(file_);
+    if (inflating_) inflateEnd(&z_);
   }
   GzReader(const GzReader&) = delete;
   GzReader& operator=(const GzReader&) = delete;
 
   const std::string& path() const { return path_; }
 
-  /// Reads exactly `bytes` bytes; `what` names the part of the file for the message.
-  void read_exactly(void* out, std::size_t bytes, const char* what) {
+  /// Reads exactly `bytes` bytes; `what` names the part of the file for the message,
+  /// which counts `before` bytes of it already read out of `whole` (0: just these).
+  void read_exactly(void* out, std::size_t bytes, const char* what, std::size_t before = 0, std::size_t whole = 0) {
     auto* dst = static_cast<unsigned char*>(out);
     std::size_t done = 0;
     while (done < bytes) {
-      // gzread takes an unsigned count; read in chunks well below its limit.
-      const unsigned chunk = static_cast<unsigned>(std::min<std::size_t>(bytes - done, std::size_t{1} << 30));
-      const int got = gzread(file_, dst + done, chunk);
-      check_zlib(got, what);
-      if (got == 0) break;
-      done += static_cast<std::size_t>(got);
+      const std::size_t want = std::min<std::size_t>(bytes - done, std::size_t{1} << 30);  // zlib counts in uInt
+      const std::size_t got = produce(dst + done, want, what);
+      done += got;
+      if (got < want) break;
     }
     trainmem::detail::check(done == bytes, "IDX file ", path_, ": truncated while reading the ", what, " (expected ",
-                            bytes, " bytes, got ", done, ")", zlib_detail());
+                            whole != 0 ? whole : bytes, " bytes, got ", before + done, ")",
+                            gzip_ ? " (zlib: the compressed stream ends early)" : "");
   }
 
-  /// Reads past the payload: this makes zlib verify the gzip trailer (CRC-32, length),
-  /// and finds data that a well-formed file does not have.
+  /// Reads past the payload: finds data a well-formed file does not have, and makes
+  /// zlib reach the gzip trailer and verify it (CRC-32, length).
   void require_end() {
     unsigned char extra = 0;
-    const int got = gzread(file_, &extra, 1);
-    check_zlib(got, "end of the data");
-    trainmem::detail::check(got == 0, "IDX file ", path_,
+    trainmem::detail::check(produce(&extra, 1, "end of the data") == 0, "IDX file ", path_,
                             ": has bytes after the data its header declares (not an IDX file of that shape)");
-    // A stream cut short after the last data byte: zlib reports it without failing the read.
-    int code = Z_OK;
-    gzerror(file_, &code);
-    trainmem::detail::check(code == Z_OK, "IDX file ", path_,
+    if (!gzip_) return;
+    trainmem::detail::check(stream_end_, "IDX file ", path_,
                             ": truncated after the data (the gzip trailer with its "
-                            "CRC-32 and length is missing or incomplete)",
-                            zlib_detail());
+                            "CRC-32 and length is missing or incomplete)");
+    trainmem::detail::check(z_.avail_in == 0 && !refill(), "IDX file ", path_,
+                            ": has bytes after its gzip member (junk, or a second member; an IDX file has one)");
   }
 
  private:
-  void check_zlib(int got, const char* what) {
-    if (got >= 0) return;
-    int code = Z_OK;
-    const char* message = gzerror(file_, &code);
-    throw trainmem::Error(trainmem::detail::concat("IDX file ", path_, ": corrupt gzip data while reading the ", what,
-                                                   " (zlib: ", message != nullptr ? message : "unknown error", ")"));
+  /// More input into buffer_ when what was there is used up; false at the end of the file.
+  bool refill() {
+    if (z_.avail_in > 0) return true;
+    file_.read(reinterpret_cast<char*>(buffer_.data()), static_cast<std::streamsize>(buffer_.size()));
+    z_.next_in = buffer_.data();
+    z_.avail_in = static_cast<uInt>(file_.gcount());
+    return z_.avail_in > 0;
   }
-  /// zlib's own explanation of a short read, when it has one ("unexpected end of file").
-  std::string zlib_detail() {
-    int code = Z_OK;
-    const char* message = gzerror(file_, &code);
-    if (code == Z_OK || message == nullptr || *message == '\0') return {};
-    return trainmem::detail::concat(" (zlib: ", message, ")");
+
+  /// Up to `bytes` (< 2^32) bytes of content into dst; fewer only at the end of the content.
+  std::size_t produce(unsigned char* dst, std::size_t bytes, const char* what) {
+    if (!gzip_) {
+      std::size_t done = 0;
+      while (done < bytes && refill()) {
+        const std::size_t n = std::min<std::size_t>(bytes - done, z_.avail_in);
+        std::copy_n(z_.next_in, n, dst + done);
+        z_.next_in += n;
+        z_.avail_in -= static_cast<uInt>(n);
+        done += n;
+      }
+      return done;
+    }
+    z_.next_out = dst;
+    z_.avail_out = static_cast<uInt>(bytes);
+    while (z_.avail_out > 0 && !stream_end_) {
+      if (z_.avail_in == 0 && !refill()) break;  // the compressed stream stops: truncated
+      const int rc = inflate(&z_, Z_NO_FLUSH);
+      if (rc == Z_STREAM_END) {
+        stream_end_ = true;
+      } else if (rc != Z_OK && rc != Z_BUF_ERROR) {
+        throw trainmem::Error(trainmem::detail::concat("IDX file ", path_, ": corrupt gzip data while reading the ",
+                                                       what, " (zlib: ", z_.msg != nullptr ? z_.msg : zError(rc), ")"));
+      }
+    }
+    return bytes - z_.avail_out;
   }
 
   std::string path_;
-  gzFile file_ = nullptr;
+  std::ifstream file_;
+  std::array<unsigned char, std::size_t{1} << 16> buffer_{};
+  z_stream z_{};
+  bool gzip_ = false, inflating_ = false, stream_end_ = false;
 };
 
 inline std::uint32_t big_endian_u32(const std::array<unsigned char, 4>& b) {
@@ -132,8 +165,14 @@ inline IdxArray read_idx(const std::filesystem::path& path, std::size_t expected
     total *= dim;
     array.dims.push_back(dim);
   }
-  array.values.resize(static_cast<std::size_t>(total));
-  in.read_exactly(array.values.data(), array.values.size(), "data");
+  // Grow with the data actually read, never to the declared size up front.
+  constexpr std::size_t kChunk = std::size_t{1} << 20;
+  const auto declared = static_cast<std::size_t>(total);
+  while (array.values.size() < declared) {
+    const std::size_t at = array.values.size(), n = std::min(kChunk, declared - at);
+    array.values.resize(at + n);
+    in.read_exactly(array.values.data() + at, n, "data", at, declared);
+  }
   in.require_end();
   return array;
 }

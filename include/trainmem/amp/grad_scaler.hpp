@@ -17,6 +17,11 @@
 // the device and divide each gradient by the scale in f32) and returns nothing.
 // To clip: `unscale_(optimizer)`, then optim::clip_grad_norm, then step. unscale_ writes
 // f32 gradients in place of 16-bit ones (their unscaled values would flush in 16 bits).
+//
+// The scale stays a normal f32, in [2^-126, f32 max] (amp/scale_update.hpp): settings,
+// loaded states and update(new_scale) outside it are errors, and a scale tensor that was
+// overwritten anyway never reaches an update (step() checks it; step_async() checks it
+// for inf/NaN with the gradients and so skips).
 #pragma once
 
 #include <span>
@@ -97,6 +102,7 @@ class GradScaler {
       optimizer.step();
       return true;
     }
+    GradScalerOptions::check_scale("GradScaler::step", "the loss scale", get_scale());
     const optim::StepControl<B> control = prepare_step(optimizer);
     const bool stepped = control.found_inf.template to_host<float>()[0] == 0.0f;
     if (stepped) optimizer.step(control);
@@ -138,8 +144,7 @@ class GradScaler {
   /// Sets the scale to `new_scale` (no overflow rule applied) and starts a new step.
   void update(double new_scale) {
     if (!enabled_) return;
-    trainmem::detail::check(std::isfinite(new_scale) && new_scale > 0, "GradScaler::update: new_scale must be positive and "
-                  "finite, got ", new_scale);
+    GradScalerOptions::check_scale("GradScaler::update", "new_scale", new_scale);
     scale_.copy_from(scalar(DType::F32, new_scale));
     for (auto& [key, record] : records_) record.stage = Stage::Ready;
   }
@@ -174,10 +179,10 @@ class GradScaler {
     if (!enabled_) return;
     trainmem::detail::check(state.options.enabled, "GradScaler::load_state: the state was saved from a disabled scaler");
     state.options.validate("GradScaler::load_state");
-    trainmem::detail::check(std::isfinite(state.scale) && state.scale > 0 && state.growth_tracker >= 0 &&
-                      state.hysteresis_left >= 1,
-                  "GradScaler::load_state: need a positive finite scale, growth_tracker >= 0 and hysteresis_left "
-                  ">= 1, got ", state.scale, ", ", state.growth_tracker, ", ", state.hysteresis_left);
+    GradScalerOptions::check_scale("GradScaler::load_state", "scale", state.scale);
+    trainmem::detail::check(state.growth_tracker >= 0 && state.hysteresis_left >= 1,
+                  "GradScaler::load_state: need growth_tracker >= 0 and hysteresis_left >= 1, got ",
+                  state.growth_tracker, ", ", state.hysteresis_left);
     options_ = state.options;
     options_.init_scale = state.scale;
     scale_.copy_from(scalar(DType::F32, state.scale));
@@ -210,10 +215,13 @@ class GradScaler {
     return record;
   }
 
-  /// Clears the flag, then divides `grads` by `divisor` (1: check only) and flags non-finite values.
-  void check_grads(std::span<const Tensor<B>> grads, const Tensor<B>& divisor, Record& record) {
+  static void require_grads(std::span<const Tensor<B>> grads) {
     trainmem::detail::check(!grads.empty(), "GradScaler: no parameter of the optimizer has a gradient (run backward on "
                   "scaler.scale(loss) first)");
+  }
+  /// Clears the flag, then divides `grads` by `divisor` (1: check only) and flags non-finite values.
+  void check_grads(std::span<const Tensor<B>> grads, const Tensor<B>& divisor, Record& record) {
+    require_grads(grads);
     record.found_inf.zero_();
     backend_->unscale_grads(grads, divisor, record.found_inf);
   }
@@ -230,6 +238,8 @@ class GradScaler {
       for (const auto& e : optimizer.entries())
         if (e.param.grad().defined()) grads.push_back(e.param.grad());
       if (!one_.defined()) one_ = scalar(DType::F32, 1.0);
+      require_grads(grads);
+      grads.push_back(scale_);  // an inf or NaN scale (written through scale_tensor()) skips the step too
       check_grads(grads, one_, record);
       control.grad_divisor = scale_;
     }

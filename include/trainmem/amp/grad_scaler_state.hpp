@@ -26,25 +26,31 @@ struct GradScalerOptions {
   double growth_factor = 2.0;
   double backoff_factor = 0.5;
   std::int32_t growth_interval = 2000;
-  double min_scale = 0.0;                    // backoff floor (DeepSpeed's min_loss_scale)
-  double max_scale = 3.4028234663852886e38;  // growth ceiling (f32 max: no ceiling)
+  double min_scale = kMinScale;  // backoff floor (DeepSpeed's min_loss_scale); >= the smallest normal f32
+  double max_scale = kMaxScale;  // growth ceiling (f32 max: no ceiling)
   std::int32_t hysteresis = 1;               // overflows in a row before a backoff (DeepSpeed); 1: PyTorch
   bool enabled = true;                       // false: every method is a no-op, step() just steps
   bool scale_bf16 = false;                   // scale even when the autocast dtype is bf16
 
   /// Validates; `who` names the caller in the message.
   void validate(const char* who) const {
-    trainmem::detail::check(std::isfinite(init_scale) && init_scale > 0, who, ": init_scale must be positive and finite, got ",
-                  init_scale);
+    check_scale(who, "init_scale", init_scale);
     trainmem::detail::check(growth_factor > 1.0 && std::isfinite(growth_factor), who, ": growth_factor must be > 1, got ",
                   growth_factor);
     trainmem::detail::check(backoff_factor > 0.0 && backoff_factor < 1.0, who, ": backoff_factor must be in (0, 1), got ",
                   backoff_factor);
     trainmem::detail::check(growth_interval >= 1, who, ": growth_interval must be >= 1, got ", growth_interval);
     trainmem::detail::check(hysteresis >= 1, who, ": hysteresis must be >= 1, got ", hysteresis);
-    trainmem::detail::check(min_scale >= 0 && min_scale <= max_scale && max_scale <= 3.4028234663852886e38, who,
-                  ": need 0 <= min_scale <= max_scale <= f32 max, got min_scale ", min_scale, ", max_scale ",
-                  max_scale);
+    check_scale(who, "min_scale", min_scale);
+    check_scale(who, "max_scale", max_scale);
+    trainmem::detail::check(min_scale <= max_scale, who, ": need min_scale <= max_scale, got min_scale ", min_scale,
+                            ", max_scale ", max_scale);
+  }
+
+  /// A loss scale must be a normal f32: in [2^-126, f32 max] (0, subnormals and inf are not).
+  static void check_scale(const char* who, const char* what, double value) {
+    trainmem::detail::check(value >= kMinScale && value <= kMaxScale, who, ": ", what,
+                            " must be in [1.1754944e-38, 3.4028235e38] (the normal f32 range), got ", value);
   }
 
   ScaleUpdateArgs update_args() const {
@@ -103,7 +109,8 @@ struct GradScalerState {
     state.options.hysteresis = get_int("hysteresis");
     state.options.enabled = get("enabled") != 0.0;
     state.options.scale_bf16 = get("scale_bf16") != 0.0;
-    state.options.init_scale = state.scale > 0 && std::isfinite(state.scale) ? state.scale : 65536.0;
+    GradScalerOptions::check_scale("GradScalerState::from_map", "scale", state.scale);
+    state.options.init_scale = state.scale;
     state.options.validate("GradScalerState::from_map");
     trainmem::detail::check(state.growth_tracker >= 0 && state.hysteresis_left >= 1, "GradScalerState::from_map: need "
                   "_growth_tracker >= 0 and hysteresis_left >= 1, got ", state.growth_tracker, " and ",

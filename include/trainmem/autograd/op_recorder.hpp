@@ -40,7 +40,7 @@ class OpRecorder {
     std::vector<DType> floating;
     for (std::size_t i = 0; i < inputs_.size(); ++i) {
       const VarImpl<B>& v = inputs_[i].impl();
-      if (v.tape != nullptr) {
+      if (v.checked_tape(op.name) != nullptr) {
         detail::check(tape_ == nullptr || tape_ == v.tape, op.name, ": input ", i, " ",
                       v.name.empty() ? "" : "'" + v.name + "' ", "belongs to another tape than input 0");
         tape_ = v.tape;
@@ -109,7 +109,7 @@ class OpRecorder {
   /// The output Var; records a Node with `backward` when recording.
   Var<B> finish(Tensor<B> output, BackwardFn<B> backward) {
     auto impl = std::make_shared<VarImpl<B>>();
-    impl->tape = tape_;
+    tape_->adopt(*impl);
     impl->hook = hook_;
     impl->op_index = op_index_;
     if (records_) {

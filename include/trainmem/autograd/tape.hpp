@@ -28,6 +28,7 @@ template <class B>
 class Tape {
  public:
   explicit Tape(B& backend = B::default_instance()) : backend_(&backend) {}
+  ~Tape() { life_->destroyed = true; }
   Tape(const Tape&) = delete;
   Tape& operator=(const Tape&) = delete;
 
@@ -41,7 +42,7 @@ class Tape {
     detail::check(value.defined(), "Tape::input: '", name, "' is an undefined tensor");
     auto impl = std::make_shared<VarImpl<B>>();
     impl->value = std::move(value);
-    impl->tape = this;
+    adopt(*impl);
     impl->requires_grad = requires_grad;
     if (requires_grad) {
       detail::check(is_floating(impl->value.dtype()), "Tape::input: '", name, "' requires grad but is ",
@@ -59,8 +60,17 @@ class Tape {
     return sink.back().get();
   }
   std::size_t size() const { return nodes_.size(); }
-  /// Drops every node and what it saved; the tape can record a new step.
+  /// Makes `impl` a Var of this tape's current generation.
+  void adopt(VarImpl<B>& impl) {
+    impl.tape = this;
+    impl.tape_life = life_;
+    impl.tape_generation = life_->generation;
+  }
+
+  /// Drops every node and what it saved; the tape can record a new step. Vars made
+  /// before are stale from now on (their next use throws).
   void clear() {
+    ++life_->generation;
     nodes_.clear();
     backward_ran_ = false;
   }
@@ -98,6 +108,7 @@ class Tape {
   /// as backward passes them and a second backward throws.
   void backward(const Var<B>& root, const Tensor<B>& seed = {}, bool retain_graph = false) {
     const VarImpl<B>& r = root.impl();
+    r.checked_tape("backward");
     detail::check(r.tape == this, "backward: the root Var ", r.name.empty() ? "" : "'" + r.name + "' ",
                   "belongs to another tape");
     detail::check(r.requires_grad, "backward: the root ", r.value.shape(),
@@ -108,6 +119,8 @@ class Tape {
     if (seed.defined()) {
       detail::check(seed.shape() == r.value.shape(), "backward: seed gradient is ", seed.shape(), ", root is ",
                     r.value.shape());
+      detail::check(seed.dtype() == r.value.dtype(), "backward: seed gradient is ", seed.dtype(), ", root ",
+                    r.value.shape(), " is ", r.value.dtype(), " (the seed must have the root's dtype)");
       seed_grad = seed;
     } else {
       detail::check(r.value.numel() == 1, "backward: the root is ", r.value.shape(),
@@ -193,11 +206,12 @@ class Tape {
   std::vector<std::unique_ptr<Node<B>>>* sink_ = nullptr;
   std::vector<SaveHook<B>*> hooks_;
   bool backward_ran_ = false;
+  std::shared_ptr<detail::TapeLife> life_ = std::make_shared<detail::TapeLife>();
 };
 
 template <class B>
 void Var<B>::backward(const Tensor<B>& seed, bool retain_graph) const {
-  Tape<B>* tape = impl().tape;
+  Tape<B>* tape = impl().checked_tape("Var::backward");
   detail::check(tape != nullptr, "Var::backward: '", impl().name, "' is a parameter on no tape");
   tape->backward(*this, seed, retain_graph);
 }

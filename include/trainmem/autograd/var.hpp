@@ -4,11 +4,18 @@
 // Node that made it (grad_fn); a leaf that requires grad (a parameter, or an input
 // marked so) owns a GradSlot that backward accumulates into with +=. Parameters
 // belong to no tape and can be used on any; every other Var belongs to one tape.
+//
+// A Var also remembers which life of its tape it belongs to: the tape's generation
+// (bumped by tape.clear(), which frees the nodes Vars point to) and whether the tape
+// still exists. Every use that reaches the tape (an op, backward, Var::tape()) checks
+// both, so a Var kept across clear() or past its tape is an Error, not a read of freed
+// memory. Reading a stale Var's value is fine: the Var owns its tensor.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "trainmem/autograd/node.hpp"
 #include "trainmem/autograd/saved_tensor.hpp"
@@ -18,10 +25,20 @@ namespace trainmem {
 template <class B>
 class Tape;
 
+namespace detail {
+/// A tape's life as its Vars see it: clear() bumps the generation, the destructor sets destroyed.
+struct TapeLife {
+  std::uint64_t generation = 0;
+  bool destroyed = false;
+};
+}  // namespace detail
+
 template <class B>
 struct VarImpl {
   Tensor<B> value;
   Tape<B>* tape = nullptr;
+  std::shared_ptr<const detail::TapeLife> tape_life;  // set with tape (Tape::adopt)
+  std::uint64_t tape_generation = 0;                   // the tape's generation when this Var was made
   Node<B>* grad_fn = nullptr;
   int output_nr = 0;
   bool requires_grad = false;
@@ -29,6 +46,18 @@ struct VarImpl {
   SaveHook<B>* hook = nullptr;             // the hook active when this value was made
   std::int64_t op_index = -1;              // ... and the producing op's ordinal under it
   std::string name;
+
+  /// The tape (null for a parameter), after checking it was neither cleared nor destroyed
+  /// since this Var was made; `who` names the caller in the error.
+  Tape<B>* checked_tape(std::string_view who) const {
+    if (tape == nullptr || tape_life == nullptr) return tape;
+    const std::string what = name.empty() ? std::string("a Var ") + value.shape().str() : "Var '" + name + "'";
+    detail::check(!tape_life->destroyed, who, ": ", what,
+                  " belongs to a tape that was destroyed; a Var must not outlive its tape");
+    detail::check(tape_life->generation == tape_generation, who, ": ", what,
+                  " was made before its tape was cleared (tape.clear() freed its graph); make it again in this step");
+    return tape;
+  }
 };
 
 /// \brief A tensor value in the autograd graph.
@@ -58,7 +87,8 @@ class Var {
   std::int64_t numel() const { return impl().value.numel(); }
   bool requires_grad() const { return impl().requires_grad; }
   bool is_leaf() const { return impl().grad_fn == nullptr; }
-  Tape<B>* tape() const { return impl().tape; }
+  /// Its tape (null for a parameter); an Error if that tape was cleared or destroyed since.
+  Tape<B>* tape() const { return impl().checked_tape("Var::tape"); }
   const std::string& name() const { return impl().name; }
   VarImpl<B>& impl() const {
     detail::check(impl_ != nullptr, "Var: use of an undefined Var");

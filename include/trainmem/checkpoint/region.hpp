@@ -282,7 +282,7 @@ class Region final : public SaveHook<B>, public Unpacker<B>, public std::enable_
     for (std::size_t i = 0; i < inputs_.size(); ++i) {
       auto impl = std::make_shared<VarImpl<B>>();
       impl->value = inputs_[i].unpack();
-      impl->tape = &tape_;
+      tape_.adopt(*impl);
       impl->requires_grad = input_requires_grad_[i];
       if (impl->requires_grad) impl->grad_slot = std::make_shared<GradSlot<B>>();
       inputs.emplace_back(std::move(impl));

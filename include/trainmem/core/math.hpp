@@ -31,6 +31,7 @@ TRAINMEM_HOST_DEVICE double tanh(double x) { return std::tanh(x); }
 TRAINMEM_HOST_DEVICE double erf(double x) { return std::erf(x); }
 
 TRAINMEM_HOST_DEVICE float exp(float x) {
+  if (x != x) return x;  // NaN: the int cast of fx below would be undefined
   const float hi = 88.3762626647949f, lo = -87.3365447505531f;
   const float xc = x > hi ? hi : (x < lo ? lo : x);
   const float fx = std::floor(xc * 1.44269504088896341f + 0.5f);  // x = fx ln 2 + r

@@ -5,11 +5,16 @@
 // claims are checked against these numbers. A saved activation is a tensor that was
 // allocated as a temporary and then kept for backward: packing it re-tags its bytes,
 // so "saved activation" counts exactly what the tape holds on to.
+//
+// Thread safety: every method may be called from several threads at once (a backend
+// shared by threads that each train their own model): counters change under one
+// mutex. timeline() hands out a reference, so read it while no thread allocates.
 #pragma once
 
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -56,31 +61,46 @@ class MemoryStats {
     change(to, static_cast<std::int64_t>(bytes), Event::Retag);
   }
 
-  std::int64_t live(MemCategory c) const { return live_[index(c)]; }
-  std::int64_t peak(MemCategory c) const { return peak_[index(c)]; }
-  std::int64_t live_total() const { return live_total_; }
-  std::int64_t peak_total() const { return peak_total_; }
-  std::int64_t allocations() const { return allocations_; }
+  std::int64_t live(MemCategory c) const { return locked([&] { return live_[index(c)]; }); }
+  std::int64_t peak(MemCategory c) const { return locked([&] { return peak_[index(c)]; }); }
+  std::int64_t live_total() const { return locked([&] { return live_total_; }); }
+  std::int64_t peak_total() const { return locked([&] { return peak_total_; }); }
+  std::int64_t allocations() const { return locked([&] { return allocations_; }); }
 
   /// Starts a new peak window: every peak becomes the current live value.
   void reset_peak() {
+    std::lock_guard lock(mutex_);
     peak_ = live_;
     peak_total_ = live_total_;
   }
 
-  void record_timeline(bool on) { recording_ = on; }
-  bool recording_timeline() const { return recording_; }
+  void record_timeline(bool on) {
+    std::lock_guard lock(mutex_);
+    recording_ = on;
+  }
+  bool recording_timeline() const { return locked([&] { return recording_; }); }
   const std::vector<TimelineEntry>& timeline() const { return timeline_; }
-  void clear_timeline() { timeline_.clear(); }
+  void clear_timeline() {
+    std::lock_guard lock(mutex_);
+    timeline_.clear();
+  }
   /// Adds a labelled point to the timeline ("forward", "backward", ...).
   void mark(std::string label) {
+    std::lock_guard lock(mutex_);
     if (recording_) timeline_.push_back({Event::Mark, MemCategory::Temporary, 0, live_total_, std::move(label)});
   }
 
  private:
   static std::size_t index(MemCategory c) { return static_cast<std::size_t>(c); }
 
+  template <class F>
+  auto locked(F&& read) const -> decltype(read()) {
+    std::lock_guard lock(mutex_);
+    return read();
+  }
+
   void change(MemCategory category, std::int64_t delta, Event event) {
+    std::lock_guard lock(mutex_);
     auto& live = live_[index(category)];
     live += delta;
     live_total_ += delta;
@@ -97,6 +117,7 @@ class MemoryStats {
   std::int64_t allocations_ = 0;
   bool recording_ = false;
   std::vector<TimelineEntry> timeline_;
+  mutable std::mutex mutex_;
 };
 
 }  // namespace trainmem

@@ -24,13 +24,21 @@ class Shape {
   std::int64_t back() const { return dims_.empty() ? 1 : dims_.back(); }
   const std::vector<std::int64_t>& dims() const { return dims_; }
 
+  /// Checked at construction to fit int64 (so no product of extents here can overflow).
   std::int64_t numel() const {
     std::int64_t n = 1;
     for (auto d : dims_) n *= d;
     return n;
   }
   /// Product of all but the last extent: the number of rows of a [rows, cols] view.
-  std::int64_t rows() const { return dims_.empty() ? 1 : numel() / dims_.back(); }
+  /// A product, not numel() / back(): a last extent of 0 leaves the rows as they are.
+  std::int64_t rows() const { return leading(1); }
+  /// Product of all but the last `trailing` extents (1 for a rank <= trailing).
+  std::int64_t leading(std::size_t trailing) const {
+    std::int64_t n = 1;
+    for (std::size_t i = 0; i + trailing < dims_.size(); ++i) n *= dims_[i];
+    return n;
+  }
 
   bool operator==(const Shape&) const = default;
 
@@ -48,6 +56,13 @@ class Shape {
  private:
   void validate() const {
     for (auto d : dims_) detail::check(d >= 0, "Shape: negative extent in ", *this);
+    for (auto d : dims_)
+      if (d == 0) return;  // an empty tensor: every product is 0
+    std::int64_t n = 1;
+    for (auto d : dims_) {
+      detail::check(!__builtin_mul_overflow(n, d, &n), "Shape: ", *this,
+                    " has more elements than an int64 holds (2^63 - 1)");
+    }
   }
   std::vector<std::int64_t> dims_;
 };

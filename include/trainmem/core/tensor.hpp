@@ -8,6 +8,7 @@
 // moved is detected in backward instead of silently giving wrong gradients.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -71,7 +72,9 @@ class Tensor {
   /// Uninitialised tensor.
   static Tensor empty(Shape shape, DType dtype, MemCategory category = MemCategory::Temporary,
                       B& backend = B::default_instance()) {
-    const auto bytes = static_cast<std::size_t>(shape.numel()) * size_of(dtype);
+    std::size_t bytes = 0;
+    detail::check(!__builtin_mul_overflow(static_cast<std::size_t>(shape.numel()), size_of(dtype), &bytes),
+                  "Tensor::empty: ", shape, " ", dtype, " needs more bytes than a size_t holds");
     return Tensor(std::make_shared<Storage<B>>(backend, bytes, category), 0, std::move(shape), dtype);
   }
   static Tensor zeros(Shape shape, DType dtype, MemCategory category = MemCategory::Temporary,
@@ -87,6 +90,13 @@ class Tensor {
     static_assert(std::is_arithmetic_v<T>, "from_host takes float or double values");
     detail::check(static_cast<std::int64_t>(values.size()) == shape.numel(), "Tensor::from_host: shape ", shape,
                   " needs ", shape.numel(), " values, got ", values.size());
+    if (dtype == DType::I32) {  // ids and labels: a value that is not an i32 exactly has no meaning
+      for (std::size_t i = 0; i < values.size(); ++i) {
+        const double v = static_cast<double>(values[i]);
+        detail::check(v == std::floor(v) && v >= -2147483648.0 && v <= 2147483647.0, "Tensor::from_host: value ", v,
+                      " at index ", i, " is not an i32 (NaN, fractional or outside [-2^31, 2^31))");
+      }
+    }
     Tensor t = empty(std::move(shape), dtype, category, backend);
     visit_dtype(dtype, [&]<class S>() {
       std::vector<S> converted(values.size());
@@ -106,6 +116,7 @@ class Tensor {
   std::vector<T> to_host() const {
     require_defined("to_host");
     std::vector<T> out(static_cast<std::size_t>(numel()));
+    if (out.empty()) return out;
     visit_dtype(dtype_, [&]<class S>() {
       std::vector<S> raw(out.size());
       backend().download(raw.data(), data(), bytes());

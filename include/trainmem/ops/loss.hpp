@@ -19,6 +19,9 @@ Var<B> cross_entropy(const Var<B>& logits, const Tensor<B>& labels) {
   const auto& op = detail::kCrossEntropyOp;
   detail::require_floating(op, logits, "logits");
   detail::check(logits.shape().rank() == 2, "cross_entropy: logits must be [N, C], got ", logits.shape());
+  detail::check(logits.shape()[0] > 0, "cross_entropy: logits ", logits.shape(),
+                " are an empty batch (N = 0); the mean over no rows is undefined");
+  detail::check(logits.shape()[1] > 0, "cross_entropy: logits ", logits.shape(), " have no classes (C = 0)");
   detail::check(labels.defined() && labels.dtype() == DType::I32 && labels.shape() == Shape{logits.shape()[0]},
                 "cross_entropy: labels must be i32 [", logits.shape()[0], "], got ",
                 labels.defined() ? labels.shape().str() + " " + std::string(name_of(labels.dtype())) : "undefined");

@@ -61,7 +61,7 @@ Var<B> transpose(const Var<B>& x) {
   const std::int64_t r = s[s.rank() - 2], c = s[s.rank() - 1];
   auto dims = s.dims();
   std::swap(dims[dims.size() - 1], dims[dims.size() - 2]);
-  return detail::swap_middle(op, x, x.numel() / (r * c), r, c, 1, Shape(dims));
+  return detail::swap_middle(op, x, s.leading(2), r, c, 1, Shape(dims));
 }
 
 /// [batch, T, H*Dh] -> [batch*H, T, Dh]: one attention matrix per (sequence, head).

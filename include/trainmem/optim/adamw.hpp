@@ -71,14 +71,25 @@ class AdamW : public Optimizer<B> {
   void update(ParamGroupEntry<B>& e, const Tensor<B>& target, const Tensor<B>& grad, double grad_scale,
               const StepControl<B>& control) override {
     B& backend = target.backend();
-    this->ensure_state(e.state1, target);
-    this->ensure_state(e.state2, target);
-    if (!e.step_state.defined()) e.step_state = this->device_values({1.0, 1.0}, backend);
     backend.map(math::Mul{}, e.step_state, power_factor(backend), e.step_state);
     const math::AdamWUpdate update{options_.lr, options_.beta1, options_.beta2, options_.eps, options_.weight_decay,
                                    grad_scale,  1.0,            1.0};
     this->apply(e, target, grad, detail::AdamWPoweredUpdate{update, e.step_state.template data_as<const double>()},
                 control);
+  }
+  void prepare(ParamGroupEntry<B>& e, const Tensor<B>& target) override {
+    B& backend = target.backend();
+    this->ensure_state(e.state1, target);
+    this->ensure_state(e.state2, target);
+    if (!e.step_state.defined()) e.step_state = this->device_values({1.0, 1.0}, backend);
+    if (!factor_.defined() || betas_for_ != std::pair{options_.beta1, options_.beta2}) {
+      // Both made before either is kept: a failed second allocation leaves the pair as it was.
+      Tensor<B> betas_minus_one = this->device_values({options_.beta1 - 1.0, options_.beta2 - 1.0}, backend);
+      Tensor<B> factor = Tensor<B>::empty(Shape{2}, DType::F64, MemCategory::OptimizerState, backend);
+      betas_minus_one_ = std::move(betas_minus_one);
+      factor_ = std::move(factor);
+      betas_for_ = {options_.beta1, options_.beta2};
+    }
   }
 
  private:
@@ -97,11 +108,6 @@ class AdamW : public Optimizer<B> {
   const Tensor<B>& power_factor(B& backend) {
     const std::int64_t step = this->steps_;
     if (factor_step_ == step) return factor_;
-    if (!betas_minus_one_.defined() || betas_for_ != std::pair{options_.beta1, options_.beta2}) {
-      betas_minus_one_ = this->device_values({options_.beta1 - 1.0, options_.beta2 - 1.0}, backend);
-      betas_for_ = {options_.beta1, options_.beta2};
-      factor_ = Tensor<B>::empty(Shape{2}, DType::F64, MemCategory::OptimizerState, backend);
-    }
     backend.map(math::Mul{}, betas_minus_one_, this->step_applies(), factor_);
     backend.map(math::Add{}, factor_, this->device_one(), factor_);
     factor_step_ = step;

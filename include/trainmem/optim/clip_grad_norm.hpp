@@ -1,7 +1,7 @@
 // trainmem/optim/clip_grad_norm.hpp — global gradient-norm clipping.
 //
 // The norm is over all gradients together, sqrt(sum of every element squared),
-// accumulated in f32 by the backend; if it exceeds max_norm every gradient is
+// accumulated in f64 by the backend (f32 overflows for finite gradients above ~1e19); if it exceeds max_norm every gradient is
 // multiplied by max_norm / (norm + 1e-6) (torch.nn.utils.clip_grad_norm_'s rule).
 // With a loss scaler the gradients must be unscaled first: scaler.unscale_(optimizer),
 // then clip, then scaler.step(optimizer). The norm is read on the host to return it
@@ -29,9 +29,9 @@ double clip_grad_norm(const std::vector<Var<B>>& params, double max_norm) {
     if (p.grad().defined()) grads.push_back(p.grad());
   if (grads.empty()) return 0.0;
   B& backend = grads.front().backend();
-  Tensor<B> sum_sq = Tensor<B>::zeros(Shape{}, DType::F32, MemCategory::Temporary, backend);
+  Tensor<B> sum_sq = Tensor<B>::zeros(Shape{}, DType::F64, MemCategory::Temporary, backend);
   for (const Tensor<B>& g : grads) backend.sum_squares(g, sum_sq);
-  const double norm = std::sqrt(static_cast<double>(sum_sq.template to_host<float>()[0]));
+  const double norm = std::sqrt(sum_sq.template to_host<double>()[0]);
   const double coefficient = max_norm / (norm + 1e-6);
   if (std::isfinite(norm) && coefficient < 1.0) {
     for (const Tensor<B>& g : grads) {

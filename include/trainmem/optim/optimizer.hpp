@@ -20,6 +20,13 @@
 // `state()` / `load_state()` carry all of it across a restart, keyed by parameter name:
 // the moments, the device step state (bias corrections), the step counts, the
 // stochastic-rounding stream and the options. Masters are MasterWeights' state.
+//
+// NOTE [All or nothing]
+// A step first checks every gradient and allocates every state it will need (first-use
+// moments, step scalars), then runs the update passes, which allocate nothing and so
+// cannot fail half-way: when an allocation fails, no parameter, master or state has
+// changed yet (states first made by the failed step are dropped again), and the step
+// can simply be retried.
 #pragma once
 
 #include <array>
@@ -236,6 +243,8 @@ class Optimizer {
   }
   virtual void update(ParamGroupEntry<B>& e, const Tensor<B>& target, const Tensor<B>& grad, double grad_scale,
                       const StepControl<B>& control) = 0;
+  /// Allocates whatever update(e, target, ...) will use, before any update of the step runs.
+  virtual void prepare(ParamGroupEntry<B>& e, const Tensor<B>& target) = 0;
 
   // What state() saves of the derived optimizer: the names of state1 and state2, the
   // length of the per-parameter step state, and the options as named numbers.
@@ -287,18 +296,44 @@ class Optimizer {
 
   void run_step(double grad_scale, const StepControl<B>& control) {
     NoGradGuard no_grad;
-    ++steps_;
-    prepare_applies(control);
+    // NOTE [All or nothing]: check and allocate everything, then update.
     for (auto& e : entries_) {
       const Tensor<B>& grad = e.param.grad();
       if (!grad.defined()) continue;
       const Tensor<B>& target = e.master.defined() ? e.master : e.param.value();
       detail::check(grad.shape() == target.shape(), "optimizer: grad of '", e.param.name(), "' is ", grad.shape(),
                     ", parameter is ", target.shape());
+    }
+    prepare_states(control);
+    ++steps_;
+    for (auto& e : entries_) {
+      const Tensor<B>& grad = e.param.grad();
+      if (!grad.defined()) continue;
+      const Tensor<B>& target = e.master.defined() ? e.master : e.param.value();
       ++e.steps;
       update(e, target, grad, grad_scale, control);
       target.bump_version();
       if (e.master.defined()) e.param.value().bump_version();
+    }
+  }
+
+  /// Allocates every state this step's updates use; when an allocation fails, the states
+  /// it made are dropped again, so the optimizer is as it was before the step.
+  void prepare_states(const StepControl<B>& control) {
+    std::vector<std::array<bool, 3>> had;
+    had.reserve(entries_.size());
+    for (const auto& e : entries_) had.push_back({e.state1.defined(), e.state2.defined(), e.step_state.defined()});
+    try {
+      prepare_applies(control);
+      for (auto& e : entries_)
+        if (e.param.grad().defined()) prepare(e, e.master.defined() ? e.master : e.param.value());
+    } catch (...) {
+      for (std::size_t i = 0; i < entries_.size(); ++i) {
+        if (!had[i][0]) entries_[i].state1 = Tensor<B>();
+        if (!had[i][1]) entries_[i].state2 = Tensor<B>();
+        if (!had[i][2]) entries_[i].step_state = Tensor<B>();
+      }
+      throw;
     }
   }
 

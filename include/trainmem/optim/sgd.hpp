@@ -72,11 +72,14 @@ class SGD : public Optimizer<B> {
       this->apply(e, target, grad, update, control);
       return;
     }
-    this->ensure_state(e.state1, target);
-    if (!e.step_state.defined()) e.step_state = this->device_values({0.0}, target.backend());
     target.backend().map(math::Add{}, e.step_state, this->step_applies(), e.step_state);
     this->apply(e, target, grad, detail::SgdCountedUpdate{update, e.step_state.template data_as<const double>()},
                 control);
+  }
+  void prepare(ParamGroupEntry<B>& e, const Tensor<B>& target) override {
+    if (options_.momentum == 0.0) return;
+    this->ensure_state(e.state1, target);
+    if (!e.step_state.defined()) e.step_state = this->device_values({0.0}, target.backend());
   }
 
  private:

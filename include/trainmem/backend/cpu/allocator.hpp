@@ -5,10 +5,21 @@
 // sizes every step, and reusing warm pages avoids the page faults that a fresh large
 // malloc costs. Cached bytes are not live bytes; `cached_bytes()` reports them and
 // `release_cached()` returns them to the system.
+//
+// Fault injection: `fail_allocation(k)` makes the k-th allocation from now throw
+// trainmem::Error as an exhausted system would, so tests can check that every
+// allocation point of a training step fails cleanly.
+//
+// Thread safety: allocate, deallocate, fail_allocation and the cache methods may be called from several
+// threads at once (the cache is behind a mutex, MemoryStats locks its own counters), so
+// threads that each train their own model can share one backend, the default one
+// included. What one thread's tensors and tapes hold is not shared: a Tensor, Var or
+// Tape is used by one thread at a time.
 #pragma once
 
 #include <cstddef>
 #include <cstdlib>
+#include <mutex>
 #include <new>
 #include <unordered_map>
 #include <vector>
@@ -30,6 +41,10 @@ class Allocator {
   void* allocate(std::size_t bytes, MemCategory category) {
     const std::size_t rounded = round_up(bytes);
     void* ptr = nullptr;
+    std::lock_guard lock(mutex_);
+    if (fail_countdown_ > 0 && --fail_countdown_ == 0)
+      throw Error(trainmem::detail::concat("cpu::Allocator: injected failure allocating ", bytes, " bytes for ",
+                                           name_of(category), " (fail_allocation)"));
     if (auto it = cache_.find(rounded); it != cache_.end() && !it->second.empty()) {
       ptr = it->second.back();
       it->second.pop_back();
@@ -47,6 +62,7 @@ class Allocator {
     if (ptr == nullptr) return;
     stats_.on_free(category, bytes);
     const std::size_t rounded = round_up(bytes);
+    std::lock_guard lock(mutex_);
     if (caching_) {
       cache_[rounded].push_back(ptr);
       cached_bytes_ += rounded;
@@ -55,13 +71,26 @@ class Allocator {
     }
   }
 
+  /// The k-th allocation from now (1: the next) throws trainmem::Error, once; 0 disarms.
+  void fail_allocation(std::int64_t k) {
+    std::lock_guard lock(mutex_);
+    fail_countdown_ = k > 0 ? k : 0;
+  }
+
   /// Turn the block cache off (every free goes straight back to the system) or on.
   void set_caching(bool on) {
-    caching_ = on;
+    {
+      std::lock_guard lock(mutex_);
+      caching_ = on;
+    }
     if (!on) release_cached();
   }
-  std::size_t cached_bytes() const { return cached_bytes_; }
+  std::size_t cached_bytes() const {
+    std::lock_guard lock(mutex_);
+    return cached_bytes_;
+  }
   void release_cached() {
+    std::lock_guard lock(mutex_);
     for (auto& [size, blocks] : cache_)
       for (void* ptr : blocks) std::free(ptr);
     cache_.clear();
@@ -77,6 +106,8 @@ class Allocator {
   bool caching_ = true;
   std::size_t cached_bytes_ = 0;
   std::unordered_map<std::size_t, std::vector<void*>> cache_;
+  std::int64_t fail_countdown_ = 0;  // > 0: allocations left until the injected failure
+  mutable std::mutex mutex_;
 };
 
 }  // namespace trainmem::cpu

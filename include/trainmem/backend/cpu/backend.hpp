@@ -4,7 +4,8 @@
 // tracked allocator (and so the MemoryStats; GEMM workspaces come from it too), and the kernels, each
 // a method that checks nothing (ops validate before calling) and turns run-time
 // dtypes into C++ types once. `default_instance()` is what tensors use unless told
-// otherwise; tests that count bytes make their own instance.
+// otherwise; tests that count bytes make their own instance. Several threads may share
+// one Backend (its allocator and MemoryStats lock; the kernels keep no state).
 #pragma once
 
 #include <cstddef>
@@ -42,10 +43,11 @@ class Backend {
   // --- storage --------------------------------------------------------------------
   void* allocate(std::size_t bytes, MemCategory category) { return allocator_.allocate(bytes, category); }
   void deallocate(void* ptr, std::size_t bytes, MemCategory category) { allocator_.deallocate(ptr, bytes, category); }
-  void upload(void* dst, const void* src, std::size_t bytes) { std::memcpy(dst, src, bytes); }
-  void download(void* dst, const void* src, std::size_t bytes) { std::memcpy(dst, src, bytes); }
-  void copy(void* dst, const void* src, std::size_t bytes) { std::memmove(dst, src, bytes); }
-  void fill_zero(void* dst, std::size_t bytes) { std::memset(dst, 0, bytes); }
+  // Zero bytes touch nothing (an empty std::vector's data() may be null, which memcpy may not see).
+  void upload(void* dst, const void* src, std::size_t bytes) { if (bytes != 0) std::memcpy(dst, src, bytes); }
+  void download(void* dst, const void* src, std::size_t bytes) { if (bytes != 0) std::memcpy(dst, src, bytes); }
+  void copy(void* dst, const void* src, std::size_t bytes) { if (bytes != 0) std::memmove(dst, src, bytes); }
+  void fill_zero(void* dst, std::size_t bytes) { if (bytes != 0) std::memset(dst, 0, bytes); }
   /// Work queued so far is finished (nothing to wait for on the CPU).
   void synchronize() {}
 
@@ -117,6 +119,7 @@ class Backend {
   /// out[c] = beta out[c] + sum over rows of in[r, c] (in viewed as [rows, out.numel()]).
   void sum_rows(const TensorT& in, const TensorT& out, double beta = 0.0) {
     const std::int64_t cols = out.numel();
+    if (cols == 0) return;  // nothing to write (and no row count to divide out)
     visit_floating(in.dtype(), "sum_rows", [&]<class TI>() {
       visit_floating(out.dtype(), "sum_rows", [&]<class TO>() {
         detail::sum_rows(in.data_as<const TI>(), out.data_as<TO>(), in.numel() / cols, cols, beta);
@@ -197,7 +200,7 @@ class Backend {
   void causal_mask(const TensorT& in, const TensorT& out, double fill) {
     const std::int64_t t = in.cols();
     visit_floating(in.dtype(), "causal_mask", [&]<class T>() {
-      detail::causal_mask(in.data_as<const T>(), out.data_as<T>(), in.numel() / (t * t), t, fill);
+      detail::causal_mask(in.data_as<const T>(), out.data_as<T>(), in.shape().leading(2), t, fill);
     });
   }
   void dropout(const TensorT& in, const TensorT& out, float p, RngState rng) {
