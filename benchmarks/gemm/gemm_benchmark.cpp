@@ -51,9 +51,9 @@
 
 namespace {
 
-namespace tm = trainmem;
-using Backend = tm::cpu::Backend;
-using TensorT = tm::Tensor<Backend>;
+namespace tmem = trainmem;
+using Backend = tmem::cpu::Backend;
+using TensorT = tmem::Tensor<Backend>;
 
 struct Shape3 {
   std::int64_t m, n, k;
@@ -61,23 +61,23 @@ struct Shape3 {
   double flops() const { return 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k); }
 };
 
-double unit_roundoff(tm::DType dtype) {
+double unit_roundoff(tmem::DType dtype) {
   switch (dtype) {
-    case tm::DType::F64: return std::ldexp(1.0, -53);
-    case tm::DType::F32: return std::ldexp(1.0, -24);
-    case tm::DType::F16: return std::ldexp(1.0, -11);
-    case tm::DType::BF16: return std::ldexp(1.0, -8);
+    case tmem::DType::F64: return std::ldexp(1.0, -53);
+    case tmem::DType::F32: return std::ldexp(1.0, -24);
+    case tmem::DType::F16: return std::ldexp(1.0, -11);
+    case tmem::DType::BF16: return std::ldexp(1.0, -8);
     default: return 0.0;
   }
 }
 
 // Stored value of element i of a tensor of `dtype`, widened to double.
-double stored_value(const void* data, tm::DType dtype, std::int64_t i) {
+double stored_value(const void* data, tmem::DType dtype, std::int64_t i) {
   switch (dtype) {
-    case tm::DType::F64: return static_cast<const double*>(data)[i];
-    case tm::DType::F32: return static_cast<const float*>(data)[i];
-    case tm::DType::F16: return tm::Half::to_float(static_cast<const tm::Half*>(data)[i].bits);
-    case tm::DType::BF16: return tm::BFloat16::to_float(static_cast<const tm::BFloat16*>(data)[i].bits);
+    case tmem::DType::F64: return static_cast<const double*>(data)[i];
+    case tmem::DType::F32: return static_cast<const float*>(data)[i];
+    case tmem::DType::F16: return tmem::Half::to_float(static_cast<const tmem::Half*>(data)[i].bits);
+    case tmem::DType::BF16: return tmem::BFloat16::to_float(static_cast<const tmem::BFloat16*>(data)[i].bits);
     default: return 0.0;
   }
 }
@@ -91,7 +91,7 @@ std::vector<float> random_values(std::size_t count, std::mt19937_64& rng) {
 
 // Error of C (row-major m×n, ldc = n) against an F64 dot product of the stored A (m×k)
 // and B (k×n) values, over `samples` random entries; scaled by sum_k |a_ik||b_kj|.
-double sampled_error(const void* a, const void* b, const void* c, tm::DType in_dtype, tm::DType out_dtype,
+double sampled_error(const void* a, const void* b, const void* c, tmem::DType in_dtype, tmem::DType out_dtype,
                      const Shape3& s, int samples, std::mt19937_64& rng) {
   std::uniform_int_distribution<std::int64_t> row(0, s.m - 1), col(0, s.n - 1);
   double worst = 0.0;
@@ -124,7 +124,7 @@ double seconds_of(const std::function<void()>& fn) {
 
 struct Row {
   Shape3 shape;
-  tm::DType dtype;
+  tmem::DType dtype;
   std::string impl, path;
   double median_ms = 0, min_ms = 0, max_ms = 0, gflops = 0, ratio = 0, best_ratio = 0, error = 0, tolerance = 0;
   int reps = 0;
@@ -132,7 +132,7 @@ struct Row {
 
 // One GEMM under test: `run` computes C = A·B, `a`, `b`, `c` expose the stored values.
 struct Case {
-  tm::DType dtype;
+  tmem::DType dtype;
   std::string impl, path;
   std::function<void()> run;
   const void *a, *b, *c;
@@ -154,8 +154,8 @@ struct EigenProduct {
 };
 
 TensorT make_tensor(Backend& backend, std::int64_t rows, std::int64_t cols, const std::vector<float>& values,
-                    tm::DType dtype) {
-  return TensorT::from_host({rows, cols}, values, dtype, tm::MemCategory::Temporary, backend);
+                    tmem::DType dtype) {
+  return TensorT::from_host({rows, cols}, values, dtype, tmem::MemCategory::Temporary, backend);
 }
 
 std::vector<Row> bench_shape(const Shape3& s, int reps, int warmup, bool native_bf16, bool native_half, int samples,
@@ -163,42 +163,42 @@ std::vector<Row> bench_shape(const Shape3& s, int reps, int warmup, bool native_
   Backend backend;
   const auto av = random_values(static_cast<std::size_t>(s.m * s.k), rng);
   const auto bv = random_values(static_cast<std::size_t>(s.k * s.n), rng);
-  tm::GemmArgs args;
+  tmem::GemmArgs args;
   args.m = s.m;
   args.n = s.n;
   args.k = s.k;
 
   // The path a GEMM of this dtype takes with `path` forced (GemmPath::Auto: trainmem's rule).
-  auto path_taken = [&](tm::DType dtype, tm::cpu::GemmPath path) {
-    tm::cpu::force_gemm_path(path);
-    std::string name = tm::visit_floating(dtype, "gemm", [&]<class T>() {
-      return std::string(tm::cpu::detail::gemm_path_name<T, T>(args));
+  auto path_taken = [&](tmem::DType dtype, tmem::cpu::GemmPath path) {
+    tmem::cpu::force_gemm_path(path);
+    std::string name = tmem::visit_floating(dtype, "gemm", [&]<class T>() {
+      return std::string(tmem::cpu::detail::gemm_path_name<T, T>(args));
     });
-    tm::cpu::force_gemm_path(tm::cpu::GemmPath::Auto);
+    tmem::cpu::force_gemm_path(tmem::cpu::GemmPath::Auto);
     return name;
   };
   std::vector<Case> cases;
-  const std::pair<tm::cpu::GemmPath, const char*> paths[] = {{tm::cpu::GemmPath::Auto, "trainmem"},
-                                                             {tm::cpu::GemmPath::Eigen, "trainmem/eigen"},
-                                                             {tm::cpu::GemmPath::OneDnn, "trainmem/onednn"}};
-  for (tm::DType dtype : {tm::DType::F32, tm::DType::BF16, tm::DType::F16})
+  const std::pair<tmem::cpu::GemmPath, const char*> paths[] = {{tmem::cpu::GemmPath::Auto, "trainmem"},
+                                                             {tmem::cpu::GemmPath::Eigen, "trainmem/eigen"},
+                                                             {tmem::cpu::GemmPath::OneDnn, "trainmem/onednn"}};
+  for (tmem::DType dtype : {tmem::DType::F32, tmem::DType::BF16, tmem::DType::F16})
     for (const auto& [path, impl] : paths) {
       const std::string taken = path_taken(dtype, path);
-      if (path == tm::cpu::GemmPath::OneDnn && taken != "onednn") continue;  // no oneDNN kernel for it
+      if (path == tmem::cpu::GemmPath::OneDnn && taken != "onednn") continue;  // no oneDNN kernel for it
       TensorT a = make_tensor(backend, s.m, s.k, av, dtype), b = make_tensor(backend, s.k, s.n, bv, dtype);
-      TensorT c = TensorT::empty({s.m, s.n}, dtype, tm::MemCategory::Temporary, backend);
+      TensorT c = TensorT::empty({s.m, s.n}, dtype, tmem::MemCategory::Temporary, backend);
       cases.push_back({dtype, impl, taken,
                        [&backend, args, a, b, c, path] {
-                         tm::cpu::force_gemm_path(path);
+                         tmem::cpu::force_gemm_path(path);
                          backend.gemm(args, a, b, c);
-                         tm::cpu::force_gemm_path(tm::cpu::GemmPath::Auto);
+                         tmem::cpu::force_gemm_path(tmem::cpu::GemmPath::Auto);
                        },
                        a.data(), b.data(), c.data(), true, {}});
     }
   // Eigen's own F32 product (its parallel GEMM), for reference.
   EigenProduct<float> f32(s, av, bv);
   cases.push_back(
-      {tm::DType::F32, "eigen", "eigen", [&f32] { f32.run(); }, f32.a.data(), f32.b.data(), f32.c.data(), true, {}});
+      {tmem::DType::F32, "eigen", "eigen", [&f32] { f32.run(); }, f32.a.data(), f32.b.data(), f32.c.data(), true, {}});
   // Round-robin: rep r of every case runs before rep r+1 of any. A fast shape gets more
   // reps (about 0.3 s of F32 time), so a burst of someone else's load moves no median.
   double f32_seconds = INFINITY;
@@ -217,10 +217,10 @@ std::vector<Row> bench_shape(const Shape3& s, int reps, int warmup, bool native_
   auto half = native_half ? std::make_unique<EigenProduct<Eigen::half>>(s, av, bv) : nullptr;
   const std::size_t first_native = cases.size();
   if (bf16)
-    cases.push_back({tm::DType::BF16, "eigen", "eigen16", [m = bf16.get()] { m->run(); }, bf16->a.data(), bf16->b.data(),
+    cases.push_back({tmem::DType::BF16, "eigen", "eigen16", [m = bf16.get()] { m->run(); }, bf16->a.data(), bf16->b.data(),
                      bf16->c.data(), false, {}});
   if (half)
-    cases.push_back({tm::DType::F16, "eigen", "eigen16", [m = half.get()] { m->run(); }, half->a.data(), half->b.data(),
+    cases.push_back({tmem::DType::F16, "eigen", "eigen16", [m = half.get()] { m->run(); }, half->a.data(), half->b.data(),
                      half->c.data(), false, {}});
   for (std::size_t i = first_native; i < cases.size(); ++i)
     for (int r = 0; r < 1 + reps; ++r) {
@@ -247,7 +247,7 @@ std::vector<Row> bench_shape(const Shape3& s, int reps, int warmup, bool native_
     // Eigen's bfloat16/half are bit-compatible with trainmem's BFloat16/Half storage.
     row.error = sampled_error(cs.a, cs.b, cs.c, cs.dtype, cs.dtype, s, samples, rng);
     const double u = unit_roundoff(cs.dtype), k = static_cast<double>(s.k);
-    row.tolerance = cs.accumulates_in_f32 ? (cs.dtype == tm::DType::F32 ? 0.0 : u) + k * std::ldexp(1.0, -24)
+    row.tolerance = cs.accumulates_in_f32 ? (cs.dtype == tmem::DType::F32 ? 0.0 : u) + k * std::ldexp(1.0, -24)
                                           : u + 4.0 * std::sqrt(k) * u;
     rows.push_back(row);
   }
@@ -262,7 +262,7 @@ struct CheckResult {
 
 // Reference C = alpha op(A) op(B) + beta C0 in F64 with the stored values; compares
 // against the computed C within u_out·|ref| + (u_out + K·u_acc)·(|alpha||A||B| + |beta||C0|).
-void check_one(Backend& backend, tm::DType in_dtype, tm::DType out_dtype, tm::GemmArgs g, bool shared_a,
+void check_one(Backend& backend, tmem::DType in_dtype, tmem::DType out_dtype, tmem::GemmArgs g, bool shared_a,
                std::mt19937_64& rng, CheckResult& result) {
   const std::int64_t a_size = g.m * g.k, b_size = g.k * g.n, c_size = g.m * g.n;
   g.stride_a = shared_a ? 0 : a_size;
@@ -271,15 +271,15 @@ void check_one(Backend& backend, tm::DType in_dtype, tm::DType out_dtype, tm::Ge
   const auto av = random_values(static_cast<std::size_t>(a_size * a_count), rng);
   const auto bv = random_values(static_cast<std::size_t>(b_size * b_count), rng);
   const auto cv = random_values(static_cast<std::size_t>(c_size * g.batch), rng);
-  TensorT a = TensorT::from_host({a_size * a_count}, av, in_dtype, tm::MemCategory::Temporary, backend);
-  TensorT b = TensorT::from_host({b_size * b_count}, bv, in_dtype, tm::MemCategory::Temporary, backend);
-  TensorT c = TensorT::from_host({c_size * g.batch}, cv, out_dtype, tm::MemCategory::Temporary, backend);
+  TensorT a = TensorT::from_host({a_size * a_count}, av, in_dtype, tmem::MemCategory::Temporary, backend);
+  TensorT b = TensorT::from_host({b_size * b_count}, bv, in_dtype, tmem::MemCategory::Temporary, backend);
+  TensorT c = TensorT::from_host({c_size * g.batch}, cv, out_dtype, tmem::MemCategory::Temporary, backend);
   std::vector<double> c0(static_cast<std::size_t>(c_size * g.batch));
   for (std::size_t i = 0; i < c0.size(); ++i) c0[i] = stored_value(c.data(), out_dtype, static_cast<std::int64_t>(i));
   backend.gemm(g, a, b, c);
 
-  const double u_out = out_dtype == tm::DType::F64 ? unit_roundoff(tm::DType::F64) : unit_roundoff(out_dtype);
-  const double u_acc = in_dtype == tm::DType::F64 ? unit_roundoff(tm::DType::F64) : unit_roundoff(tm::DType::F32);
+  const double u_out = out_dtype == tmem::DType::F64 ? unit_roundoff(tmem::DType::F64) : unit_roundoff(out_dtype);
+  const double u_acc = in_dtype == tmem::DType::F64 ? unit_roundoff(tmem::DType::F64) : unit_roundoff(tmem::DType::F32);
   double worst = 0.0;
   for (std::int64_t e = 0; e < g.batch; ++e)
     for (std::int64_t i = 0; i < g.m; ++i)
@@ -306,22 +306,22 @@ void check_one(Backend& backend, tm::DType in_dtype, tm::DType out_dtype, tm::Ge
   if (!ok || std::getenv("GEMM_CHECK_VERBOSE"))
     std::printf("  %s %-4s->%-4s m=%lld n=%lld k=%lld tA=%d tB=%d batch=%lld strideA=%s strideB=%s alpha=%g beta=%g"
                 "  worst err/tol=%.3f\n",
-                ok ? "ok  " : "FAIL", std::string(tm::name_of(in_dtype)).c_str(),
-                std::string(tm::name_of(out_dtype)).c_str(), static_cast<long long>(g.m), static_cast<long long>(g.n),
+                ok ? "ok  " : "FAIL", std::string(tmem::name_of(in_dtype)).c_str(),
+                std::string(tmem::name_of(out_dtype)).c_str(), static_cast<long long>(g.m), static_cast<long long>(g.n),
                 static_cast<long long>(g.k), g.trans_a, g.trans_b, static_cast<long long>(g.batch),
                 shared_a ? "0" : "mk", g.stride_b == 0 ? "0" : "kn", g.alpha, g.beta, worst);
 }
 
-int run_check(tm::cpu::GemmPath path) {
-  tm::cpu::force_gemm_path(path);
+int run_check(tmem::cpu::GemmPath path) {
+  tmem::cpu::force_gemm_path(path);
   Backend backend;
   std::mt19937_64 rng(7);
   CheckResult result;
-  const std::vector<std::pair<tm::DType, tm::DType>> dtype_pairs = {
-      {tm::DType::F64, tm::DType::F64},   {tm::DType::F32, tm::DType::F32},  {tm::DType::BF16, tm::DType::BF16},
-      {tm::DType::F16, tm::DType::F16},   {tm::DType::BF16, tm::DType::F32}, {tm::DType::F16, tm::DType::F32},
-      {tm::DType::F32, tm::DType::BF16},  {tm::DType::F32, tm::DType::F16},  {tm::DType::BF16, tm::DType::F16},
-      {tm::DType::F16, tm::DType::BF16}};
+  const std::vector<std::pair<tmem::DType, tmem::DType>> dtype_pairs = {
+      {tmem::DType::F64, tmem::DType::F64},   {tmem::DType::F32, tmem::DType::F32},  {tmem::DType::BF16, tmem::DType::BF16},
+      {tmem::DType::F16, tmem::DType::F16},   {tmem::DType::BF16, tmem::DType::F32}, {tmem::DType::F16, tmem::DType::F32},
+      {tmem::DType::F32, tmem::DType::BF16},  {tmem::DType::F32, tmem::DType::F16},  {tmem::DType::BF16, tmem::DType::F16},
+      {tmem::DType::F16, tmem::DType::BF16}};
   // Odd sizes exercise conversion tails. 600x48x80 is split over two threads (when
   // there are two), each with two row blocks; a batch of three 300-row entries puts
   // one entry on both sides of the thread boundary; k = 0 leaves beta C.
@@ -332,7 +332,7 @@ int run_check(tm::cpu::GemmPath path) {
       for (int trans = 0; trans < 4; ++trans)
         for (double beta : {0.0, 1.0})
           for (int batching = 0; batching < 3; ++batching) {
-            tm::GemmArgs g;
+            tmem::GemmArgs g;
             g.m = m;
             g.n = n;
             g.k = k;
@@ -345,9 +345,9 @@ int run_check(tm::cpu::GemmPath path) {
             check_one(backend, in_dtype, out_dtype, g, /*shared_a=*/batching == 2 && beta == 0.0, rng, result);
           }
   std::printf("gemm check, path %s: %d cases, %d failures\n",
-              path == tm::cpu::GemmPath::OneDnn ? "onednn where it has a kernel" : "eigen", result.cases,
+              path == tmem::cpu::GemmPath::OneDnn ? "onednn where it has a kernel" : "eigen", result.cases,
               result.failures);
-  tm::cpu::force_gemm_path(tm::cpu::GemmPath::Auto);
+  tmem::cpu::force_gemm_path(tmem::cpu::GemmPath::Auto);
   return result.failures == 0 ? 0 : 1;
 }
 
@@ -383,8 +383,8 @@ int main(int argc, char** argv) {
 #endif
   Eigen::setNbThreads(threads);
   if (check) {
-    int failed = run_check(tm::cpu::GemmPath::Eigen);
-    if (tm::cpu::detail::kHaveOneDnn) failed |= run_check(tm::cpu::GemmPath::OneDnn);
+    int failed = run_check(tmem::cpu::GemmPath::Eigen);
+    if (tmem::cpu::detail::kHaveOneDnn) failed |= run_check(tmem::cpu::GemmPath::OneDnn);
     return failed;
   }
 
@@ -395,8 +395,8 @@ int main(int argc, char** argv) {
               threads, openmp_threads, Eigen::nbThreads(), reps);
   std::printf("err = max |C - C64| / (|A||B|) over %d sampled entries; tol = its bound for the accumulation used\n",
               samples);
-  std::printf("oneDNN: %s; effective ISA %s, AMX %s\n", tm::cpu::detail::kHaveOneDnn ? "built in" : "not built in",
-              tm::cpu::detail::onednn_isa_name(), tm::cpu::detail::onednn_has_amx() ? "yes" : "no");
+  std::printf("oneDNN: %s; effective ISA %s, AMX %s\n", tmem::cpu::detail::kHaveOneDnn ? "built in" : "not built in",
+              tmem::cpu::detail::onednn_isa_name(), tmem::cpu::detail::onednn_has_amx() ? "yes" : "no");
   std::mt19937_64 rng(2024);
   std::vector<Shape3> shapes = {{512, 512, 512}, {1024, 1024, 1024}, {8192, 768, 768}};
   if (no_large) shapes.pop_back();
@@ -414,16 +414,16 @@ int main(int argc, char** argv) {
     const bool ok = r.error <= r.tolerance;
     all_ok = all_ok && ok;
     std::printf("%-15s %-5s %-16s %-7s %9.1f %10.3f %8.3f %8.3f %5d %8.3fx %9.2e %8.1e%s\n", r.shape.name().c_str(),
-                std::string(tm::name_of(r.dtype)).c_str(), r.impl.c_str(), r.path.c_str(), r.gflops, r.median_ms, r.min_ms, r.max_ms,
+                std::string(tmem::name_of(r.dtype)).c_str(), r.impl.c_str(), r.path.c_str(), r.gflops, r.median_ms, r.min_ms, r.max_ms,
                 r.reps, r.ratio, r.error, r.tolerance, ok ? "" : "  WRONG");
   }
   if (!eigen_half_large && !no_eigen)
     std::printf("(Eigen's half GEMM is not timed at 8192x768x768, ~30 s a rep here; --eigen-half-large adds it)\n");
   std::printf("\nratios measured in this run (GFLOP/s relative to trainmem f32, the path it picks):\n");
   for (const auto& r : rows)
-    if (r.impl != "eigen" && !(r.impl == "trainmem" && r.dtype == tm::DType::F32))
+    if (r.impl != "eigen" && !(r.impl == "trainmem" && r.dtype == tmem::DType::F32))
       std::printf("  %-15s %-5s %-16s (%s)/f32 = %.3f from medians, %.3f from best reps\n", r.shape.name().c_str(),
-                  std::string(tm::name_of(r.dtype)).c_str(), r.impl.c_str(), r.path.c_str(), r.ratio, r.best_ratio);
+                  std::string(tmem::name_of(r.dtype)).c_str(), r.impl.c_str(), r.path.c_str(), r.ratio, r.best_ratio);
 
   if (!json_path.empty()) {
     nlohmann::json out = nlohmann::json::array();
@@ -432,7 +432,7 @@ int main(int argc, char** argv) {
                      {"m", r.shape.m},
                      {"n", r.shape.n},
                      {"k", r.shape.k},
-                     {"dtype", std::string(tm::name_of(r.dtype))},
+                     {"dtype", std::string(tmem::name_of(r.dtype))},
                      {"impl", r.impl},
                      {"path", r.path},
                      {"gflops", r.gflops},

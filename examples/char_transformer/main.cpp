@@ -35,8 +35,8 @@
 
 namespace {
 
-namespace tm = trainmem;
-using B = tm::cpu::Backend;
+namespace tmem = trainmem;
+using B = tmem::cpu::Backend;
 using examples::Stage;
 using Clock = std::chrono::steady_clock;
 
@@ -44,11 +44,11 @@ using Clock = std::chrono::steady_clock;
 class CharText {
  public:
   explicit CharText(const std::filesystem::path& path) {
-    tm::detail::check(std::filesystem::exists(path), "text file ", path.string(), ": does not exist");
+    tmem::detail::check(std::filesystem::exists(path), "text file ", path.string(), ": does not exist");
     std::ifstream in(path, std::ios::binary);
-    tm::detail::check(in.good(), "text file ", path.string(), ": cannot be opened");
+    tmem::detail::check(in.good(), "text file ", path.string(), ": cannot be opened");
     const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-    tm::detail::check(!in.bad(), "text file ", path.string(), ": read failed");
+    tmem::detail::check(!in.bad(), "text file ", path.string(), ": read failed");
     std::array<bool, 256> seen{};
     for (unsigned char c : text) seen[c] = true;
     std::array<std::int32_t, 256> id{};
@@ -89,43 +89,43 @@ struct ModelConfig {
 /// \brief Token + position embedding, causal transformer blocks, LayerNorm, head.
 class CharTransformer {
  public:
-  CharTransformer(const ModelConfig& c, std::int64_t vocabulary, std::uint64_t seed, tm::DType dtype) : config_(c) {
-    tm::nn::Init init(seed);
-    tokens_ = std::make_unique<tm::nn::Embedding<B>>(vocabulary, c.dim, init, 0.02, dtype, "tokens");
-    positions_ = std::make_unique<tm::nn::Embedding<B>>(c.context, c.dim, init, 0.02, dtype, "positions");
+  CharTransformer(const ModelConfig& c, std::int64_t vocabulary, std::uint64_t seed, tmem::DType dtype) : config_(c) {
+    tmem::nn::Init init(seed);
+    tokens_ = std::make_unique<tmem::nn::Embedding<B>>(vocabulary, c.dim, init, 0.02, dtype, "tokens");
+    positions_ = std::make_unique<tmem::nn::Embedding<B>>(c.context, c.dim, init, 0.02, dtype, "positions");
     for (std::int64_t i = 0; i < c.depth; ++i)
-      blocks_.push_back(std::make_unique<tm::nn::TransformerBlock<B>>(c.dim, c.heads, 4 * c.dim, init, 0.0f, dtype,
+      blocks_.push_back(std::make_unique<tmem::nn::TransformerBlock<B>>(c.dim, c.heads, 4 * c.dim, init, 0.0f, dtype,
                                                                       "block" + std::to_string(i)));
-    final_ln_ = std::make_unique<tm::nn::LayerNorm<B>>(c.dim, 1e-5, dtype, "ln_f");
-    head_ = std::make_unique<tm::nn::Linear<B>>(c.dim, vocabulary, init, true, dtype, "head");
+    final_ln_ = std::make_unique<tmem::nn::LayerNorm<B>>(c.dim, 1e-5, dtype, "ln_f");
+    head_ = std::make_unique<tmem::nn::Linear<B>>(c.dim, vocabulary, init, true, dtype, "head");
   }
 
   /// ids [n, t] (t <= context) -> token embedding + position embedding [n, t, dim].
-  tm::Var<B> embed(tm::Tape<B>& tape, const tm::Tensor<B>& ids) const {
+  tmem::Var<B> embed(tmem::Tape<B>& tape, const tmem::Tensor<B>& ids) const {
     const std::int64_t n = ids.shape()[0], t = ids.shape()[1];
     std::vector<std::int32_t> positions(static_cast<std::size_t>(n * t));
     for (std::int64_t i = 0; i < n * t; ++i) positions[i] = static_cast<std::int32_t>(i % t);
     const std::vector<std::int32_t> tokens = host_ids(ids);
-    return tm::reshape(tm::add(lookup(tape, tokens_->weight(), tokens), lookup(tape, positions_->weight(), positions)),
-                       tm::Shape{n, t, config_.dim});
+    return tmem::reshape(tmem::add(lookup(tape, tokens_->weight(), tokens), lookup(tape, positions_->weight(), positions)),
+                       tmem::Shape{n, t, config_.dim});
   }
 
   /// One stage per block, then LayerNorm + head: logits [n * t, vocabulary].
   std::vector<Stage<B>> stages(bool training) const {
     std::vector<Stage<B>> s;
     for (const auto& block : blocks_) {
-      const tm::nn::TransformerBlock<B>* b = block.get();
-      s.push_back([b, training](const tm::Var<B>& x) { return (*b)(x, training); });
+      const tmem::nn::TransformerBlock<B>* b = block.get();
+      s.push_back([b, training](const tmem::Var<B>& x) { return (*b)(x, training); });
     }
-    s.push_back([this](const tm::Var<B>& x) {
+    s.push_back([this](const tmem::Var<B>& x) {
       auto logits = (*head_)((*final_ln_)(x));
-      return tm::reshape(logits, tm::Shape{x.shape()[0] * x.shape()[1], logits.shape()[2]});
+      return tmem::reshape(logits, tmem::Shape{x.shape()[0] * x.shape()[1], logits.shape()[2]});
     });
     return s;
   }
 
-  std::vector<tm::Var<B>> parameters() const {
-    std::vector<tm::Var<B>> p = tokens_->parameters();
+  std::vector<tmem::Var<B>> parameters() const {
+    std::vector<tmem::Var<B>> p = tokens_->parameters();
     for (auto& v : positions_->parameters()) p.push_back(v);
     for (const auto& b : blocks_)
       for (auto& v : b->parameters()) p.push_back(v);
@@ -136,28 +136,28 @@ class CharTransformer {
   const ModelConfig& config() const { return config_; }
 
  private:
-  static std::vector<std::int32_t> host_ids(const tm::Tensor<B>& ids) {
+  static std::vector<std::int32_t> host_ids(const tmem::Tensor<B>& ids) {
     std::vector<std::int32_t> out(static_cast<std::size_t>(ids.numel()));
     ids.backend().download(out.data(), ids.data(), ids.bytes());
     return out;
   }
   /// Rows `ids` of `table` [V, dim]: the embedding op on the ids brought onto the tape.
-  static tm::Var<B> lookup(tm::Tape<B>& tape, const tm::Var<B>& table, const std::vector<std::int32_t>& ids) {
+  static tmem::Var<B> lookup(tmem::Tape<B>& tape, const tmem::Var<B>& table, const std::vector<std::int32_t>& ids) {
     std::vector<float> values(ids.begin(), ids.end());
     const auto rows = static_cast<std::int64_t>(ids.size());
-    return tm::embedding(table, tape.input(tm::Tensor<B>::from_host(tm::Shape{rows}, values, tm::DType::I32)));
+    return tmem::embedding(table, tape.input(tmem::Tensor<B>::from_host(tmem::Shape{rows}, values, tmem::DType::I32)));
   }
 
   ModelConfig config_;
-  std::unique_ptr<tm::nn::Embedding<B>> tokens_, positions_;
-  std::vector<std::unique_ptr<tm::nn::TransformerBlock<B>>> blocks_;
-  std::unique_ptr<tm::nn::LayerNorm<B>> final_ln_;
-  std::unique_ptr<tm::nn::Linear<B>> head_;
+  std::unique_ptr<tmem::nn::Embedding<B>> tokens_, positions_;
+  std::vector<std::unique_ptr<tmem::nn::TransformerBlock<B>>> blocks_;
+  std::unique_ptr<tmem::nn::LayerNorm<B>> final_ln_;
+  std::unique_ptr<tmem::nn::Linear<B>> head_;
 };
 
 /// \brief `batch` windows of context + 1 characters: inputs and next-character targets.
 struct Batch {
-  tm::Tensor<B> inputs, targets;
+  tmem::Tensor<B> inputs, targets;
 };
 
 Batch make_batch(const std::vector<std::int32_t>& ids, const std::vector<std::int64_t>& starts, std::int64_t context) {
@@ -168,8 +168,8 @@ Batch make_batch(const std::vector<std::int32_t>& ids, const std::vector<std::in
       in[i * context + t] = ids[starts[i] + t];
       out[i * context + t] = ids[starts[i] + t + 1];
     }
-  Batch b{tm::Tensor<B>::empty(tm::Shape{n, context}, tm::DType::I32),
-          tm::Tensor<B>::empty(tm::Shape{n * context}, tm::DType::I32)};
+  Batch b{tmem::Tensor<B>::empty(tmem::Shape{n, context}, tmem::DType::I32),
+          tmem::Tensor<B>::empty(tmem::Shape{n * context}, tmem::DType::I32)};
   b.inputs.backend().upload(b.inputs.data(), in.data(), b.inputs.bytes());
   b.targets.backend().upload(b.targets.data(), out.data(), b.targets.bytes());
   return b;
@@ -193,15 +193,15 @@ struct Training {
   /// One optimizer step on `b` under the run's checkpoint schedule.
   examples::StepOutcome step(const Batch& b) {
     return examples::train_step(
-        tape, model, stages, b.inputs, [&](const tm::Var<B>& logits) { return tm::cross_entropy(logits, b.targets); },
+        tape, model, stages, b.inputs, [&](const tmem::Var<B>& logits) { return tmem::cross_entropy(logits, b.targets); },
         settings.checkpoint, runner);
   }
 
   examples::MemorySettings settings;
   CharTransformer model;
-  tm::optim::AdamW<B> optimizer;
+  tmem::optim::AdamW<B> optimizer;
   examples::PrecisionRunner<B> runner;
-  tm::Tape<B> tape;
+  tmem::Tape<B> tape;
   std::vector<Stage<B>> stages;
 };
 
@@ -215,7 +215,7 @@ std::vector<std::int64_t> random_starts(std::mt19937_64& rng, std::int64_t count
 }
 
 /// Mean loss over fixed held-out windows (no graph recorded).
-double held_out_loss(tm::Tape<B>& tape, const CharTransformer& model, const std::vector<std::int32_t>& ids,
+double held_out_loss(tmem::Tape<B>& tape, const CharTransformer& model, const std::vector<std::int32_t>& ids,
                      const std::vector<std::int64_t>& starts, std::int64_t batch) {
   const auto stages = model.stages(false);
   double total = 0.0;
@@ -225,9 +225,9 @@ double held_out_loss(tm::Tape<B>& tape, const CharTransformer& model, const std:
         starts.begin() + static_cast<std::ptrdiff_t>(begin),
         starts.begin() + static_cast<std::ptrdiff_t>(std::min(starts.size(), begin + static_cast<std::size_t>(batch))));
     const Batch b = make_batch(ids, chunk, model.config().context);
-    tm::NoGradGuard no_grad;
-    const tm::Tensor<B> logits = examples::infer(tape, model, stages, b.inputs);
-    const tm::Var<B> loss = tm::cross_entropy(tape.input(logits), b.targets);
+    tmem::NoGradGuard no_grad;
+    const tmem::Tensor<B> logits = examples::infer(tape, model, stages, b.inputs);
+    const tmem::Var<B> loss = tmem::cross_entropy(tape.input(logits), b.targets);
     total += loss.value().to_host<double>()[0];
     tape.clear();
   }
@@ -235,7 +235,7 @@ double held_out_loss(tm::Tape<B>& tape, const CharTransformer& model, const std:
 }
 
 /// Continues `prompt` by `count` characters: greedy at temperature 0, else sampled.
-std::string generate(tm::Tape<B>& tape, const CharTransformer& model, const CharText& text, const std::string& prompt,
+std::string generate(tmem::Tape<B>& tape, const CharTransformer& model, const CharText& text, const std::string& prompt,
                      std::int64_t count, double temperature, std::mt19937_64& rng) {
   const auto stages = model.stages(false);
   const std::int64_t context = model.config().context;
@@ -247,7 +247,7 @@ std::string generate(tm::Tape<B>& tape, const CharTransformer& model, const Char
     const auto window_begin = ids.size() > static_cast<std::size_t>(context) ? ids.end() - context : ids.begin();
     const std::vector<std::int32_t> window(window_begin, ids.end());
     const auto t = static_cast<std::int64_t>(window.size());
-    tm::Tensor<B> input = tm::Tensor<B>::empty(tm::Shape{1, t}, tm::DType::I32);
+    tmem::Tensor<B> input = tmem::Tensor<B>::empty(tmem::Shape{1, t}, tmem::DType::I32);
     input.backend().upload(input.data(), window.data(), input.bytes());
     const std::vector<float> logits = examples::infer(tape, model, stages, input).to_host();
     const float* last = logits.data() + (t - 1) * text.vocabulary();
@@ -308,7 +308,7 @@ int main(int argc, char** argv) {
     const CharText text(text_path);
     // The last 10% of the text is held out: its loss shows whether the model generalises.
     const std::int64_t split = text.size() * 9 / 10;
-    tm::detail::check(split - config.context - 1 > 0 && text.size() - split - config.context - 1 > 0, "text file ",
+    tmem::detail::check(split - config.context - 1 > 0 && text.size() - split - config.context - 1 > 0, "text file ",
                       text_path.string(), ": ", text.size(), " characters is too short for windows of ", config.context,
                       " (need more than ", 10 * (config.context + 1), ")");
 

@@ -21,15 +21,15 @@
 
 namespace examples {
 
-namespace tm = trainmem;
+namespace tmem = trainmem;
 
 /// The SGD update every chain step ends with (what a training step does to the weights).
 template <class B>
-void sgd_update(const std::vector<tm::Var<B>>& params, double lr) {
-  tm::NoGradGuard no_grad;
+void sgd_update(const std::vector<tmem::Var<B>>& params, double lr) {
+  tmem::NoGradGuard no_grad;
   for (const auto& p : params) {
     if (!p.grad().defined()) continue;
-    p.value().backend().map(tm::math::AddScaled{-lr}, p.value(), p.grad(), p.value());
+    p.value().backend().map(tmem::math::AddScaled{-lr}, p.value(), p.grad(), p.value());
   }
 }
 
@@ -37,14 +37,14 @@ template <class B>
 struct ResidualMlpChain {
   ResidualMlpChain(int n, std::int64_t width, std::int64_t hidden, std::int64_t batch, std::uint64_t seed = 2026)
       : batch_(batch), width_(width) {
-    tm::nn::Init init(seed);
+    tmem::nn::Init init(seed);
     for (int i = 0; i < n; ++i) {
-      up.emplace_back(width, hidden, init, true, tm::DType::F32, "up" + std::to_string(i));
-      down.emplace_back(hidden, width, init, true, tm::DType::F32, "down" + std::to_string(i));
-      norm.emplace_back(width, 1e-5, tm::DType::F32, "norm" + std::to_string(i));
+      up.emplace_back(width, hidden, init, true, tmem::DType::F32, "up" + std::to_string(i));
+      down.emplace_back(hidden, width, init, true, tmem::DType::F32, "down" + std::to_string(i));
+      norm.emplace_back(width, 1e-5, tmem::DType::F32, "norm" + std::to_string(i));
     }
     for (int i = 0; i < n; ++i)
-      stages.push_back([this, i](const tm::Var<B>& x) { return tm::add(x, down[i](tm::gelu(up[i](norm[i](x))))); });
+      stages.push_back([this, i](const tmem::Var<B>& x) { return tmem::add(x, down[i](tmem::gelu(up[i](norm[i](x))))); });
     for (int i = 0; i < n; ++i) {
       for (auto* l : {&up[i], &down[i]})
         for (auto& p : l->parameters()) params.push_back(p);
@@ -52,29 +52,29 @@ struct ResidualMlpChain {
     }
     std::vector<float> values(static_cast<std::size_t>(batch * width));
     for (std::size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(std::sin(0.01 * static_cast<double>(i)));
-    input = tm::Tensor<B>::from_host({batch, width}, values);
+    input = tmem::Tensor<B>::from_host({batch, width}, values);
   }
   ResidualMlpChain(const ResidualMlpChain&) = delete;
   ResidualMlpChain& operator=(const ResidualMlpChain&) = delete;
 
   /// One training step: mean of the chain's output as the loss, backward, SGD (lr 0: the
   /// weights stay put, so repeated steps measure the same work).
-  void step(const tm::ChainRunner<B>& run, double lr = 0.0) const {
+  void step(const tmem::ChainRunner<B>& run, double lr = 0.0) const {
     for (auto& p : params) p.zero_grad();
     {
-      tm::Tape<B> tape;
+      tmem::Tape<B> tape;
       auto x = tape.input(input);
-      run.backward(tm::mean(run(x)));
+      run.backward(tmem::mean(run(x)));
     }
     sgd_update(params, lr);
   }
 
   std::int64_t batch_, width_;
-  std::vector<tm::nn::Linear<B>> up, down;
-  std::vector<tm::nn::LayerNorm<B>> norm;
-  std::vector<tm::Layer<B>> stages;
-  std::vector<tm::Var<B>> params;
-  tm::Tensor<B> input;
+  std::vector<tmem::nn::Linear<B>> up, down;
+  std::vector<tmem::nn::LayerNorm<B>> norm;
+  std::vector<tmem::Layer<B>> stages;
+  std::vector<tmem::Var<B>> params;
+  tmem::Tensor<B> input;
 };
 
 template <class B>
@@ -82,25 +82,25 @@ struct TransformerStack {
   TransformerStack(int blocks, std::int64_t dim, std::int64_t heads, std::int64_t hidden, std::int64_t vocab,
                    std::int64_t batch, std::int64_t tokens, std::uint64_t seed = 7)
       : batch_(batch), tokens_(tokens), dim_(dim) {
-    tm::nn::Init init(seed);
-    embed = std::make_unique<tm::nn::Embedding<B>>(vocab, dim, init, 0.02);
-    position = init.parameter<B>(tm::Shape{tokens * dim}, init.normal(tokens * dim, 0.0, 0.02), tm::DType::F32,
+    tmem::nn::Init init(seed);
+    embed = std::make_unique<tmem::nn::Embedding<B>>(vocab, dim, init, 0.02);
+    position = init.parameter<B>(tmem::Shape{tokens * dim}, init.normal(tokens * dim, 0.0, 0.02), tmem::DType::F32,
                                  "position");
     for (int i = 0; i < blocks; ++i)
-      block.push_back(std::make_unique<tm::nn::TransformerBlock<B>>(dim, heads, hidden, init, 0.0f, tm::DType::F32,
+      block.push_back(std::make_unique<tmem::nn::TransformerBlock<B>>(dim, heads, hidden, init, 0.0f, tmem::DType::F32,
                                                                     "block" + std::to_string(i)));
-    final_ln = std::make_unique<tm::nn::LayerNorm<B>>(dim, 1e-5, tm::DType::F32, "ln_f");
-    head = std::make_unique<tm::nn::Linear<B>>(dim, vocab, init, true, tm::DType::F32, "head");
-    stages.push_back([this](const tm::Var<B>& ids) {
-      auto t = tm::reshape((*embed)(ids), tm::Shape{batch_, tokens_ * dim_});
-      return tm::reshape(tm::add(t, position), tm::Shape{batch_, tokens_, dim_});
+    final_ln = std::make_unique<tmem::nn::LayerNorm<B>>(dim, 1e-5, tmem::DType::F32, "ln_f");
+    head = std::make_unique<tmem::nn::Linear<B>>(dim, vocab, init, true, tmem::DType::F32, "head");
+    stages.push_back([this](const tmem::Var<B>& ids) {
+      auto t = tmem::reshape((*embed)(ids), tmem::Shape{batch_, tokens_ * dim_});
+      return tmem::reshape(tmem::add(t, position), tmem::Shape{batch_, tokens_, dim_});
     });
     for (auto& b : block) {
-      const tm::nn::TransformerBlock<B>* p = b.get();
-      stages.push_back([p](const tm::Var<B>& x) { return (*p)(x, true); });
+      const tmem::nn::TransformerBlock<B>* p = b.get();
+      stages.push_back([p](const tmem::Var<B>& x) { return (*p)(x, true); });
     }
-    stages.push_back([this](const tm::Var<B>& x) {
-      return (*head)(tm::reshape((*final_ln)(x), tm::Shape{batch_ * tokens_, dim_}));
+    stages.push_back([this](const tmem::Var<B>& x) {
+      return (*head)(tmem::reshape((*final_ln)(x), tmem::Shape{batch_ * tokens_, dim_}));
     });
     for (auto& p : embed->parameters()) params.push_back(p);
     params.push_back(position);
@@ -113,31 +113,31 @@ struct TransformerStack {
       ids[i] = static_cast<float>((i * 7 + 3) % static_cast<std::size_t>(vocab));
       next[i] = static_cast<float>((i * 7 + 10) % static_cast<std::size_t>(vocab));
     }
-    input = tm::Tensor<B>::from_host({batch, tokens}, ids, tm::DType::I32);
-    labels = tm::Tensor<B>::from_host({batch * tokens}, next, tm::DType::I32);
+    input = tmem::Tensor<B>::from_host({batch, tokens}, ids, tmem::DType::I32);
+    labels = tmem::Tensor<B>::from_host({batch * tokens}, next, tmem::DType::I32);
   }
   TransformerStack(const TransformerStack&) = delete;
   TransformerStack& operator=(const TransformerStack&) = delete;
 
-  void step(const tm::ChainRunner<B>& run, double lr = 0.0) const {
+  void step(const tmem::ChainRunner<B>& run, double lr = 0.0) const {
     for (auto& p : params) p.zero_grad();
     {
-      tm::Tape<B> tape;
+      tmem::Tape<B> tape;
       auto x = tape.input(input);
-      run.backward(tm::cross_entropy(run(x), labels));
+      run.backward(tmem::cross_entropy(run(x), labels));
     }
     sgd_update(params, lr);
   }
 
   std::int64_t batch_, tokens_, dim_;
-  std::unique_ptr<tm::nn::Embedding<B>> embed;
-  tm::Var<B> position;
-  std::vector<std::unique_ptr<tm::nn::TransformerBlock<B>>> block;
-  std::unique_ptr<tm::nn::LayerNorm<B>> final_ln;
-  std::unique_ptr<tm::nn::Linear<B>> head;
-  std::vector<tm::Layer<B>> stages;
-  std::vector<tm::Var<B>> params;
-  tm::Tensor<B> input, labels;
+  std::unique_ptr<tmem::nn::Embedding<B>> embed;
+  tmem::Var<B> position;
+  std::vector<std::unique_ptr<tmem::nn::TransformerBlock<B>>> block;
+  std::unique_ptr<tmem::nn::LayerNorm<B>> final_ln;
+  std::unique_ptr<tmem::nn::Linear<B>> head;
+  std::vector<tmem::Layer<B>> stages;
+  std::vector<tmem::Var<B>> params;
+  tmem::Tensor<B> input, labels;
 };
 
 }  // namespace examples

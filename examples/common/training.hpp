@@ -33,26 +33,26 @@ using Stage = std::function<trainmem::Var<B>(const trainmem::Var<B>&)>;
 template <class B>
 trainmem::Var<B> run_stages(const std::vector<Stage<B>>& stages, trainmem::Var<B> x,
                             const CheckpointSchedule& schedule) {
-  namespace tm = trainmem;
+  namespace tmem = trainmem;
   const auto n = static_cast<std::int64_t>(stages.size());
-  tm::Tape<B>& tape = *x.tape();
+  tmem::Tape<B>& tape = *x.tape();
   switch (schedule.kind) {
     case CheckpointSchedule::Kind::None:
       for (const auto& stage : stages) x = stage(x);
       return x;
     case CheckpointSchedule::Kind::Sqrt:  // ~sqrt(N) segments; the last is not checkpointed
-      return tm::checkpoint_sequential(tape, stages, tm::sqrt_segments(n), x);
+      return tmem::checkpoint_sequential(tape, stages, tmem::sqrt_segments(n), x);
     case CheckpointSchedule::Kind::Every:  // a segment boundary every K stages
-      return tm::checkpoint_sequential(tape, stages, std::clamp<std::int64_t>(n / schedule.every, 1, n), x);
+      return tmem::checkpoint_sequential(tape, stages, std::clamp<std::int64_t>(n / schedule.every, 1, n), x);
     case CheckpointSchedule::Kind::Selective: {  // each stage a region that keeps its matmul outputs
-      tm::CheckpointOptions options;
-      options.policy = tm::policy::save_matmuls();
-      for (const auto& stage : stages) x = tm::checkpoint(tape, options, stage, x);
+      tmem::CheckpointOptions options;
+      options.policy = tmem::policy::save_matmuls();
+      for (const auto& stage : stages) x = tmem::checkpoint(tape, options, stage, x);
       return x;
     }
     case CheckpointSchedule::Kind::Plan:  // the planner's segments, through ordinary regions
-      tm::detail::check(!schedule.plan.empty(), "run_stages: checkpoint ", name_of(schedule), " has not been planned");
-      return tm::ChainRunner<B>(stages, schedule.plan)(x);
+      tmem::detail::check(!schedule.plan.empty(), "run_stages: checkpoint ", name_of(schedule), " has not been planned");
+      return tmem::ChainRunner<B>(stages, schedule.plan)(x);
   }
   return x;
 }

@@ -43,8 +43,8 @@
 
 namespace {
 
-namespace tm = trainmem;
-using B = tm::cpu::Backend;
+namespace tmem = trainmem;
+using B = tmem::cpu::Backend;
 using examples::MemorySettings;
 using Clock = std::chrono::steady_clock;
 
@@ -122,15 +122,15 @@ class Dataset {
   float mean_, stddev_;
 };
 
-tm::Tensor<B> labels_tensor(const std::vector<std::int32_t>& labels) {
-  tm::Tensor<B> t = tm::Tensor<B>::empty(tm::Shape{static_cast<std::int64_t>(labels.size())}, tm::DType::I32);
+tmem::Tensor<B> labels_tensor(const std::vector<std::int32_t>& labels) {
+  tmem::Tensor<B> t = tmem::Tensor<B>::empty(tmem::Shape{static_cast<std::int64_t>(labels.size())}, tmem::DType::I32);
   t.backend().upload(t.data(), labels.data(), t.bytes());
   return t;
 }
 
 template <class Model>
 Model make_model(const Options& o, const MemorySettings& settings) {
-  const tm::DType dtype = examples::PrecisionRunner<B>::parameter_dtype(settings.precision);
+  const tmem::DType dtype = examples::PrecisionRunner<B>::parameter_dtype(settings.precision);
   if constexpr (std::is_same_v<Model, examples::MlpClassifier<B>>) {
     return Model(o.mlp_hidden, o.seed, dtype);
   } else if constexpr (std::is_same_v<Model, examples::ResMlpClassifier<B>>) {
@@ -142,7 +142,7 @@ Model make_model(const Options& o, const MemorySettings& settings) {
 
 /// Fraction of `set` classified correctly.
 template <class Model>
-double test_accuracy(tm::Tape<B>& tape, const Model& model, const Dataset& set) {
+double test_accuracy(tmem::Tape<B>& tape, const Model& model, const Dataset& set) {
   constexpr std::int64_t kEvalBatch = 1000;
   const auto stages = model.stages(false);
   std::vector<std::int64_t> indices(static_cast<std::size_t>(set.size()));
@@ -164,16 +164,16 @@ double test_accuracy(tm::Tape<B>& tape, const Model& model, const Dataset& set) 
 
 /// One training step on n gathered images: cross-entropy of the model's logits.
 template <class Model>
-examples::StepOutcome classifier_step(tm::Tape<B>& tape, const Model& model,
+examples::StepOutcome classifier_step(tmem::Tape<B>& tape, const Model& model,
                                       const std::vector<examples::Stage<B>>& stages, const std::vector<float>& images,
                                       const std::vector<std::int32_t>& labels,
                                       const examples::CheckpointSchedule& checkpoint,
                                       examples::PrecisionRunner<B>& precision) {
   const auto n = static_cast<std::int64_t>(labels.size());
-  const tm::Tensor<B> targets = labels_tensor(labels);
+  const tmem::Tensor<B> targets = labels_tensor(labels);
   return examples::train_step(
       tape, model, stages, model.input(images, n),
-      [&](const tm::Var<B>& logits) { return tm::cross_entropy(logits, targets); }, checkpoint, precision);
+      [&](const tmem::Var<B>& logits) { return tmem::cross_entropy(logits, targets); }, checkpoint, precision);
 }
 
 /// Peak bytes of one steady training step of a fresh model under `settings`.
@@ -181,9 +181,9 @@ template <class Model>
 examples::StepMemory measure_memory(const Options& o, const MemorySettings& settings, const Dataset& train,
                                     bool record_timeline) {
   Model model = make_model<Model>(o, settings);
-  tm::optim::AdamW<B> optimizer(model.parameters(), {.lr = o.lr, .weight_decay = o.weight_decay});
+  tmem::optim::AdamW<B> optimizer(model.parameters(), {.lr = o.lr, .weight_decay = o.weight_decay});
   examples::PrecisionRunner<B> precision(settings.precision, optimizer);
-  tm::Tape<B> tape;
+  tmem::Tape<B> tape;
   std::vector<std::int64_t> first(static_cast<std::size_t>(std::min(o.batch, train.size())));
   std::iota(first.begin(), first.end(), 0);
   std::vector<float> images;
@@ -197,27 +197,27 @@ examples::StepMemory measure_memory(const Options& o, const MemorySettings& sett
 /// The planner's schedule for a whole-step budget, planned on a fresh model (its profile
 /// steps are real training steps, so they do not touch the model that is trained).
 template <class Model>
-std::vector<tm::Segment> plan_schedule(const Options& o, const Dataset& train, std::int64_t budget) {
+std::vector<tmem::Segment> plan_schedule(const Options& o, const Dataset& train, std::int64_t budget) {
   Model model = make_model<Model>(o, o.settings);
-  tm::optim::AdamW<B> optimizer(model.parameters(), {.lr = o.lr, .weight_decay = o.weight_decay});
+  tmem::optim::AdamW<B> optimizer(model.parameters(), {.lr = o.lr, .weight_decay = o.weight_decay});
   examples::PrecisionRunner<B> precision(o.settings.precision, optimizer);
-  tm::Tape<B> tape;
+  tmem::Tape<B> tape;
   std::vector<std::int64_t> first(static_cast<std::size_t>(std::min(o.batch, train.size())));
   std::iota(first.begin(), first.end(), 0);
   std::vector<float> images;
   std::vector<std::int32_t> labels;
   train.gather(first.data(), static_cast<std::int64_t>(first.size()), images, labels);
   const auto stages = model.stages(true);
-  const tm::Tensor<B> targets = labels_tensor(labels);
+  const tmem::Tensor<B> targets = labels_tensor(labels);
   const auto n = static_cast<std::int64_t>(labels.size());
-  const tm::ChainStep<B> step = [&](const tm::ChainRunner<B>& run) {
+  const tmem::ChainStep<B> step = [&](const tmem::ChainRunner<B>& run) {
     examples::train_step(
-        tape, model, model.input(images, n), [&](const tm::Var<B>& logits) { return tm::cross_entropy(logits, targets); },
+        tape, model, model.input(images, n), [&](const tmem::Var<B>& logits) { return tmem::cross_entropy(logits, targets); },
         run, precision);
   };
   const auto start = Clock::now();
-  const tm::Planner<B> planner(stages, step);
-  const tm::CheckpointPlan<B> plan = planner.plan(tm::Budget::whole_step(budget));
+  const tmem::Planner<B> planner(stages, step);
+  const tmem::CheckpointPlan<B> plan = planner.plan(tmem::Budget::whole_step(budget));
   std::printf("%s", plan.str().c_str());
   std::printf("%s", plan.compare(planner.measure(plan)).c_str());
   std::printf("(profiled and planned in %.1f s)\n\n", std::chrono::duration<double>(Clock::now() - start).count());
@@ -270,9 +270,9 @@ int run(Options o, examples::FashionMnist data) {
   Model model = make_model<Model>(o, o.settings);
   std::int64_t parameter_count = 0;
   for (const auto& p : model.parameters()) parameter_count += p.numel();
-  tm::optim::AdamW<B> optimizer(model.parameters(), {.lr = o.lr, .weight_decay = o.weight_decay});
+  tmem::optim::AdamW<B> optimizer(model.parameters(), {.lr = o.lr, .weight_decay = o.weight_decay});
   examples::PrecisionRunner<B> precision(o.settings.precision, optimizer);
-  tm::Tape<B> tape;
+  tmem::Tape<B> tape;
   tape.manual_seed(o.seed);
 
   int threads = 1;
@@ -352,7 +352,7 @@ int run(Options o, examples::FashionMnist data) {
 
   nlohmann::json memory_json;
   for (std::size_t c = 0; c < examples::kMemCategoryCount; ++c) {
-    const std::string name(tm::name_of(static_cast<tm::MemCategory>(c)));
+    const std::string name(tmem::name_of(static_cast<tmem::MemCategory>(c)));
     memory_json["chosen"][name] = chosen_memory.peak[c];
     memory_json["plain"][name] = plain_memory.peak[c];
   }

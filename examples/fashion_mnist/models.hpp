@@ -22,7 +22,7 @@
 
 namespace examples {
 
-namespace tm = trainmem;
+namespace tmem = trainmem;
 
 inline constexpr std::int64_t kImageSide = 28, kPixels = kImageSide * kImageSide, kClasses = 10;
 
@@ -30,40 +30,40 @@ inline constexpr std::int64_t kImageSide = 28, kPixels = kImageSide * kImageSide
 template <class B>
 class MlpClassifier {
  public:
-  MlpClassifier(const std::vector<std::int64_t>& hidden, std::uint64_t seed, tm::DType dtype) {
-    tm::nn::Init init(seed);
+  MlpClassifier(const std::vector<std::int64_t>& hidden, std::uint64_t seed, tmem::DType dtype) {
+    tmem::nn::Init init(seed);
     std::int64_t in = kPixels;
     for (std::size_t i = 0; i < hidden.size(); ++i) {
       layers_.push_back(
-          std::make_unique<tm::nn::Linear<B>>(in, hidden[i], init, true, dtype, "fc" + std::to_string(i + 1)));
+          std::make_unique<tmem::nn::Linear<B>>(in, hidden[i], init, true, dtype, "fc" + std::to_string(i + 1)));
       in = hidden[i];
     }
-    layers_.push_back(std::make_unique<tm::nn::Linear<B>>(in, kClasses, init, true, dtype, "head"));
+    layers_.push_back(std::make_unique<tmem::nn::Linear<B>>(in, kClasses, init, true, dtype, "head"));
   }
 
   /// Images [n, 784], stored in the parameters' dtype: with 16-bit model weights the
   /// batch is uploaded in 16 bits too, so the first layer keeps a 16-bit input for backward.
-  tm::Tensor<B> input(const std::vector<float>& images, std::int64_t n) const {
-    return tm::Tensor<B>::from_host(tm::Shape{n, kPixels}, images, layers_.front()->weight().dtype());
+  tmem::Tensor<B> input(const std::vector<float>& images, std::int64_t n) const {
+    return tmem::Tensor<B>::from_host(tmem::Shape{n, kPixels}, images, layers_.front()->weight().dtype());
   }
 
   /// The input as the first stage sees it: a constant on the tape.
-  tm::Var<B> embed(tm::Tape<B>& tape, const tm::Tensor<B>& input) const { return tape.input(input); }
+  tmem::Var<B> embed(tmem::Tape<B>& tape, const tmem::Tensor<B>& input) const { return tape.input(input); }
 
   /// One stage per hidden layer (Linear + ReLU), then the head.
   std::vector<Stage<B>> stages(bool /*training*/) const {
     std::vector<Stage<B>> s;
     for (std::size_t i = 0; i + 1 < layers_.size(); ++i) {
-      const tm::nn::Linear<B>* layer = layers_[i].get();
-      s.push_back([layer](const tm::Var<B>& x) { return tm::relu((*layer)(x)); });
+      const tmem::nn::Linear<B>* layer = layers_[i].get();
+      s.push_back([layer](const tmem::Var<B>& x) { return tmem::relu((*layer)(x)); });
     }
-    const tm::nn::Linear<B>* head = layers_.back().get();
-    s.push_back([head](const tm::Var<B>& x) { return (*head)(x); });
+    const tmem::nn::Linear<B>* head = layers_.back().get();
+    s.push_back([head](const tmem::Var<B>& x) { return (*head)(x); });
     return s;
   }
 
-  std::vector<tm::Var<B>> parameters() const {
-    std::vector<tm::Var<B>> p;
+  std::vector<tmem::Var<B>> parameters() const {
+    std::vector<tmem::Var<B>> p;
     for (const auto& l : layers_)
       for (auto& v : l->parameters()) p.push_back(v);
     return p;
@@ -76,7 +76,7 @@ class MlpClassifier {
   }
 
  private:
-  std::vector<std::unique_ptr<tm::nn::Linear<B>>> layers_;
+  std::vector<std::unique_ptr<tmem::nn::Linear<B>>> layers_;
 };
 
 /// \brief Shape of the residual MLP.
@@ -92,37 +92,37 @@ struct ResMlpConfig {
 template <class B>
 class ResMlpClassifier {
  public:
-  ResMlpClassifier(const ResMlpConfig& config, std::uint64_t seed, tm::DType dtype) : config_(config) {
-    tm::nn::Init init(seed);
-    stem_ = std::make_unique<tm::nn::Linear<B>>(kPixels, config.width, init, true, dtype, "stem");
+  ResMlpClassifier(const ResMlpConfig& config, std::uint64_t seed, tmem::DType dtype) : config_(config) {
+    tmem::nn::Init init(seed);
+    stem_ = std::make_unique<tmem::nn::Linear<B>>(kPixels, config.width, init, true, dtype, "stem");
     for (std::int64_t i = 0; i < config.blocks; ++i) {
       const std::string name = "block" + std::to_string(i);
-      norm_.push_back(std::make_unique<tm::nn::LayerNorm<B>>(config.width, 1e-5, dtype, name + ".ln"));
-      up_.push_back(std::make_unique<tm::nn::Linear<B>>(config.width, config.hidden, init, true, dtype, name + ".up"));
+      norm_.push_back(std::make_unique<tmem::nn::LayerNorm<B>>(config.width, 1e-5, dtype, name + ".ln"));
+      up_.push_back(std::make_unique<tmem::nn::Linear<B>>(config.width, config.hidden, init, true, dtype, name + ".up"));
       down_.push_back(
-          std::make_unique<tm::nn::Linear<B>>(config.hidden, config.width, init, true, dtype, name + ".down"));
+          std::make_unique<tmem::nn::Linear<B>>(config.hidden, config.width, init, true, dtype, name + ".down"));
     }
-    final_ln_ = std::make_unique<tm::nn::LayerNorm<B>>(config.width, 1e-5, dtype, "ln_f");
-    head_ = std::make_unique<tm::nn::Linear<B>>(config.width, kClasses, init, true, dtype, "head");
+    final_ln_ = std::make_unique<tmem::nn::LayerNorm<B>>(config.width, 1e-5, dtype, "ln_f");
+    head_ = std::make_unique<tmem::nn::Linear<B>>(config.width, kClasses, init, true, dtype, "head");
   }
 
-  tm::Tensor<B> input(const std::vector<float>& images, std::int64_t n) const {
-    return tm::Tensor<B>::from_host(tm::Shape{n, kPixels}, images, stem_->weight().dtype());
+  tmem::Tensor<B> input(const std::vector<float>& images, std::int64_t n) const {
+    return tmem::Tensor<B>::from_host(tmem::Shape{n, kPixels}, images, stem_->weight().dtype());
   }
-  tm::Var<B> embed(tm::Tape<B>& tape, const tm::Tensor<B>& input) const { return tape.input(input); }
+  tmem::Var<B> embed(tmem::Tape<B>& tape, const tmem::Tensor<B>& input) const { return tape.input(input); }
 
   /// Stem, one stage per residual block, then norm + head.
   std::vector<Stage<B>> stages(bool /*training*/) const {
     std::vector<Stage<B>> s;
-    s.push_back([this](const tm::Var<B>& x) { return tm::relu((*stem_)(x)); });
+    s.push_back([this](const tmem::Var<B>& x) { return tmem::relu((*stem_)(x)); });
     for (std::size_t i = 0; i < up_.size(); ++i)
-      s.push_back([this, i](const tm::Var<B>& x) { return tm::add(x, (*down_[i])(tm::gelu((*up_[i])((*norm_[i])(x))))); });
-    s.push_back([this](const tm::Var<B>& x) { return (*head_)((*final_ln_)(x)); });
+      s.push_back([this, i](const tmem::Var<B>& x) { return tmem::add(x, (*down_[i])(tmem::gelu((*up_[i])((*norm_[i])(x))))); });
+    s.push_back([this](const tmem::Var<B>& x) { return (*head_)((*final_ln_)(x)); });
     return s;
   }
 
-  std::vector<tm::Var<B>> parameters() const {
-    std::vector<tm::Var<B>> p = stem_->parameters();
+  std::vector<tmem::Var<B>> parameters() const {
+    std::vector<tmem::Var<B>> p = stem_->parameters();
     for (std::size_t i = 0; i < up_.size(); ++i) {
       for (auto& v : norm_[i]->parameters()) p.push_back(v);
       for (auto& v : up_[i]->parameters()) p.push_back(v);
@@ -140,10 +140,10 @@ class ResMlpClassifier {
 
  private:
   ResMlpConfig config_;
-  std::unique_ptr<tm::nn::Linear<B>> stem_, head_;
-  std::vector<std::unique_ptr<tm::nn::LayerNorm<B>>> norm_;
-  std::vector<std::unique_ptr<tm::nn::Linear<B>>> up_, down_;
-  std::unique_ptr<tm::nn::LayerNorm<B>> final_ln_;
+  std::unique_ptr<tmem::nn::Linear<B>> stem_, head_;
+  std::vector<std::unique_ptr<tmem::nn::LayerNorm<B>>> norm_;
+  std::vector<std::unique_ptr<tmem::nn::Linear<B>>> up_, down_;
+  std::unique_ptr<tmem::nn::LayerNorm<B>> final_ln_;
 };
 
 /// \brief Shape of the small vision transformer.
@@ -161,23 +161,23 @@ class VitClassifier {
   static constexpr std::int64_t kPatch = 7, kGrid = kImageSide / kPatch, kTokens = kGrid * kGrid,
                                 kPatchPixels = kPatch * kPatch;
 
-  VitClassifier(const VitConfig& config, std::uint64_t seed, tm::DType dtype) : config_(config) {
-    tm::nn::Init init(seed);
-    patch_embed_ = std::make_unique<tm::nn::Linear<B>>(kPatchPixels, config.dim, init, true, dtype, "patch_embed");
+  VitClassifier(const VitConfig& config, std::uint64_t seed, tmem::DType dtype) : config_(config) {
+    tmem::nn::Init init(seed);
+    patch_embed_ = std::make_unique<tmem::nn::Linear<B>>(kPatchPixels, config.dim, init, true, dtype, "patch_embed");
     // Learned position embedding, one row of dim per token, flattened so that it adds
     // to [n, tokens * dim] as a row broadcast. N(0, 0.02) as in GPT-2 and ViT.
-    position_ = init.parameter<B>(tm::Shape{kTokens * config.dim}, init.normal(kTokens * config.dim, 0.0, 0.02), dtype,
+    position_ = init.parameter<B>(tmem::Shape{kTokens * config.dim}, init.normal(kTokens * config.dim, 0.0, 0.02), dtype,
                                   "position");
     for (std::int64_t i = 0; i < config.depth; ++i)
-      blocks_.push_back(std::make_unique<tm::nn::TransformerBlock<B>>(config.dim, config.heads, config.mlp_hidden, init,
+      blocks_.push_back(std::make_unique<tmem::nn::TransformerBlock<B>>(config.dim, config.heads, config.mlp_hidden, init,
                                                                       0.0f, dtype, "block" + std::to_string(i),
-                                                                      tm::nn::Masking::Bidirectional));
-    final_ln_ = std::make_unique<tm::nn::LayerNorm<B>>(config.dim, 1e-5, dtype, "ln_f");
-    head_ = std::make_unique<tm::nn::Linear<B>>(config.dim, kClasses, init, true, dtype, "head");
+                                                                      tmem::nn::Masking::Bidirectional));
+    final_ln_ = std::make_unique<tmem::nn::LayerNorm<B>>(config.dim, 1e-5, dtype, "ln_f");
+    head_ = std::make_unique<tmem::nn::Linear<B>>(config.dim, kClasses, init, true, dtype, "head");
   }
 
   /// Images [n, 28, 28] -> patches [n, 16, 49]: patch (r, c) holds rows 7r..7r+6, columns 7c..7c+6.
-  tm::Tensor<B> input(const std::vector<float>& images, std::int64_t n) const {
+  tmem::Tensor<B> input(const std::vector<float>& images, std::int64_t n) const {
     std::vector<float> patches(images.size());
     for (std::int64_t i = 0; i < n; ++i)
       for (std::int64_t y = 0; y < kImageSide; ++y)
@@ -185,30 +185,30 @@ class VitClassifier {
           const std::int64_t token = (y / kPatch) * kGrid + x / kPatch, within = (y % kPatch) * kPatch + x % kPatch;
           patches[(i * kTokens + token) * kPatchPixels + within] = images[i * kPixels + y * kImageSide + x];
         }
-    return tm::Tensor<B>::from_host(tm::Shape{n, kTokens, kPatchPixels}, patches);
+    return tmem::Tensor<B>::from_host(tmem::Shape{n, kTokens, kPatchPixels}, patches);
   }
 
   /// The input as the first stage sees it: a constant on the tape.
-  tm::Var<B> embed(tm::Tape<B>& tape, const tm::Tensor<B>& input) const { return tape.input(input); }
+  tmem::Var<B> embed(tmem::Tape<B>& tape, const tmem::Tensor<B>& input) const { return tape.input(input); }
 
   /// Embedding, one stage per transformer block, then norm + pool + head.
   std::vector<Stage<B>> stages(bool training) const {
     std::vector<Stage<B>> s;
-    s.push_back([this](const tm::Var<B>& patches) {
+    s.push_back([this](const tmem::Var<B>& patches) {
       const std::int64_t n = patches.shape()[0], d = config_.dim;
-      auto tokens = tm::reshape((*patch_embed_)(patches), tm::Shape{n, kTokens * d});
-      return tm::reshape(tm::add(tokens, position_), tm::Shape{n, kTokens, d});
+      auto tokens = tmem::reshape((*patch_embed_)(patches), tmem::Shape{n, kTokens * d});
+      return tmem::reshape(tmem::add(tokens, position_), tmem::Shape{n, kTokens, d});
     });
     for (const auto& block : blocks_) {
-      const tm::nn::TransformerBlock<B>* b = block.get();
-      s.push_back([b, training](const tm::Var<B>& x) { return (*b)(x, training); });
+      const tmem::nn::TransformerBlock<B>* b = block.get();
+      s.push_back([b, training](const tmem::Var<B>& x) { return (*b)(x, training); });
     }
-    s.push_back([this](const tm::Var<B>& x) { return (*head_)(mean_over_tokens((*final_ln_)(x))); });
+    s.push_back([this](const tmem::Var<B>& x) { return (*head_)(mean_over_tokens((*final_ln_)(x))); });
     return s;
   }
 
-  std::vector<tm::Var<B>> parameters() const {
-    std::vector<tm::Var<B>> p = patch_embed_->parameters();
+  std::vector<tmem::Var<B>> parameters() const {
+    std::vector<tmem::Var<B>> p = patch_embed_->parameters();
     p.push_back(position_);
     for (const auto& b : blocks_)
       for (auto& v : b->parameters()) p.push_back(v);
@@ -224,20 +224,20 @@ class VitClassifier {
 
  private:
   /// x [n, T, d] -> [n, d]: swap to [n, d, T] and multiply by a column of 1/T.
-  static tm::Var<B> mean_over_tokens(const tm::Var<B>& x) {
+  static tmem::Var<B> mean_over_tokens(const tmem::Var<B>& x) {
     const std::int64_t n = x.shape()[0], t = x.shape()[1], d = x.shape()[2];
-    auto columns = tm::reshape(tm::transpose(x), tm::Shape{n * d, t});
-    auto weights = x.tape()->input(tm::Tensor<B>::from_host(
-        tm::Shape{t, 1}, std::vector<float>(static_cast<std::size_t>(t), 1.0f / static_cast<float>(t))));
-    return tm::reshape(tm::matmul(columns, weights), tm::Shape{n, d});
+    auto columns = tmem::reshape(tmem::transpose(x), tmem::Shape{n * d, t});
+    auto weights = x.tape()->input(tmem::Tensor<B>::from_host(
+        tmem::Shape{t, 1}, std::vector<float>(static_cast<std::size_t>(t), 1.0f / static_cast<float>(t))));
+    return tmem::reshape(tmem::matmul(columns, weights), tmem::Shape{n, d});
   }
 
   VitConfig config_;
-  std::unique_ptr<tm::nn::Linear<B>> patch_embed_;
-  std::unique_ptr<tm::nn::LayerNorm<B>> final_ln_;
-  tm::Var<B> position_;
-  std::vector<std::unique_ptr<tm::nn::TransformerBlock<B>>> blocks_;
-  std::unique_ptr<tm::nn::Linear<B>> head_;
+  std::unique_ptr<tmem::nn::Linear<B>> patch_embed_;
+  std::unique_ptr<tmem::nn::LayerNorm<B>> final_ln_;
+  tmem::Var<B> position_;
+  std::vector<std::unique_ptr<tmem::nn::TransformerBlock<B>>> blocks_;
+  std::unique_ptr<tmem::nn::Linear<B>> head_;
 };
 
 }  // namespace examples

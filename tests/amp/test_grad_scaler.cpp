@@ -348,7 +348,7 @@ TEST_CASE("the scaler enforces its per-step protocol", "[amp][grad_scaler]") {
   CHECK_THROWS_AS(tmem::amp::GradScaler<B>({.min_scale = 4.0, .max_scale = 2.0}), tmem::Error);
 }
 
-TEST_CASE("the scaler is a no-op when disabled, and for bf16 unless asked", "[amp][grad_scaler]") {
+TEST_CASE("the scaler is a no-op when disabled, for f32, and for bf16 unless asked", "[amp][grad_scaler]") {
   auto w = tmem::Var<B>::parameter(tmem::Tensor<B>::from_host(tmem::Shape{2}, std::vector<double>{1.0, 2.0}));
   tmem::optim::SGD<B> sgd({w}, {.lr = 0.5});
   tmem::amp::GradScaler<B> bf16(DType::BF16, {});
@@ -358,6 +358,9 @@ TEST_CASE("the scaler is a no-op when disabled, and for bf16 unless asked", "[am
   CHECK_FALSE(off.is_enabled());
   CHECK(bf16_asked.is_enabled());
   CHECK(tmem::amp::GradScaler<B>(DType::F16, {}).is_enabled());
+  // No autocast, nothing to underflow: an f32 (or f64) run needs no scaler.
+  CHECK_FALSE(tmem::amp::GradScaler<B>(DType::F32, {}).is_enabled());
+  CHECK_FALSE(tmem::amp::GradScaler<B>(DType::F64, {}).is_enabled());
   CHECK(bf16.get_scale() == 1.0);
 
   tmem::Tape<B> tape;

@@ -124,6 +124,8 @@ TEST_CASE("A second backward needs retain_graph on the first, retained graphs do
     const auto loss = sum(matmul(tape.input(f64(Shape{2, 3}, xv, be)), w));
     tape.backward(loss);
     CHECK_THROWS_MATCHES(tape.backward(loss), Error, ErrorContains("pass retain_graph=true"));
+    // The advice names the usual fix first: the next step goes on a new or cleared tape.
+    CHECK_THROWS_MATCHES(tape.backward(loss), Error, ErrorContains("record on a new Tape or call tape.clear()"));
     check_close(w.grad().to_host<double>(), once);  // the failed backward added nothing
     // clear() starts a new step on the same tape.
     tape.clear();

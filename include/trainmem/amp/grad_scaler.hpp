@@ -41,12 +41,14 @@ class GradScaler {
   explicit GradScaler(GradScalerOptions options = {}, B& backend = B::default_instance())
       : GradScaler(DType::F16, options, backend) {}
 
-  /// For a run that autocasts to `autocast_dtype`: bf16 has f32's exponent range and
-  /// needs no scaling, so the scaler is disabled for bf16 unless options.scale_bf16.
+  /// For a run that autocasts to `autocast_dtype`: only f16's narrow exponent range makes
+  /// gradients underflow, so the scaler is enabled for f16, disabled for f32 and f64 (no
+  /// autocast), and disabled for bf16 (f32's exponent range) unless options.scale_bf16.
   GradScaler(DType autocast_dtype, GradScalerOptions options, B& backend = B::default_instance())
       : options_(options), backend_(&backend) {
     options_.validate("GradScaler");
-    enabled_ = options_.enabled && (autocast_dtype != DType::BF16 || options_.scale_bf16);
+    enabled_ = options_.enabled &&
+               (autocast_dtype == DType::F16 || (autocast_dtype == DType::BF16 && options_.scale_bf16));
     if (!enabled_) return;
     scale_ = scalar(DType::F32, options_.init_scale);
     growth_tracker_ = scalar(DType::I32, 0.0);

@@ -113,8 +113,9 @@ class Tape {
                   "belongs to another tape");
     detail::check(r.requires_grad, "backward: the root ", r.value.shape(),
                   " does not require grad (no parameter or grad-requiring input reaches it)");
-    detail::check(!backward_ran_, "backward: this tape's graph was freed by an earlier backward; pass "
-                  "retain_graph=true to the first backward to run backward twice");
+    detail::check(!backward_ran_, "backward: this tape's graph was freed by an earlier backward. For the next step, "
+                  "record on a new Tape or call tape.clear() first; to run backward twice over one graph, "
+                  "pass retain_graph=true to the first backward");
     Tensor<B> seed_grad;
     if (seed.defined()) {
       detail::check(seed.shape() == r.value.shape(), "backward: seed gradient is ", seed.shape(), ", root is ",
