@@ -6,6 +6,7 @@
 // queued, counted or not (a pageable copy, an implicit synchronisation), stalls on the
 // gate until its safety timeout and is seen. Values are checked against closed forms:
 // integer GEMM inputs whose FP32 sums are exact, so "rounded once" is a bit-exact claim.
+#include <bit>
 #include <cstring>
 #include <limits>
 #include <optional>
@@ -411,4 +412,143 @@ TEST_CASE("cuda step: GradScaler::step returns whether it stepped, hysteresis an
   CHECK(scaler.get_scale() == 2.0);  // never below min_scale
   CHECK(train_step(false));
   CHECK(fc.weight().value().to_host<double>() != before);
+}
+
+namespace {
+
+/// A Linear on each backend with the same initial values (nn::Init draws on the host).
+struct TwinLinear {
+  tmem::nn::Init cpu_init{21}, gpu_init{21};
+  tmem::nn::Linear<Cpu> cpu{16, 8, cpu_init};
+  tmem::nn::Linear<Gpu> gpu{16, 8, gpu_init};
+};
+
+std::vector<double> twin_inputs() {
+  std::vector<double> x(4 * 16);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<double>(i % 11) * 0.25 - 1.25;
+  return x;
+}
+
+/// One scaled FP16 backward of mean(fc(x)) on backend B.
+template <class B>
+void scaled_backward(tmem::nn::Linear<B>& fc, tmem::amp::GradScaler<B>& scaler, const std::vector<double>& x_values) {
+  tmem::Tape<B> tape;
+  auto x = tape.input(tmem::Tensor<B>::from_host(Shape{4, 16}, x_values, DType::F32));
+  tmem::amp::Autocast guard(DType::F16);
+  tape.backward(scaler.scale(tmem::mean(fc(x))));
+}
+
+}  // namespace
+
+TEST_CASE("cuda step: unscale_ then clip_grad_norm gives the CPU's norm and clipped gradients", "[cuda][amp]") {
+  TRAINMEM_REQUIRE_CUDA_DEVICE();
+  TwinLinear twin;
+  tmem::optim::SGD<Cpu> cpu_opt(twin.cpu.parameters(), tmem::optim::SgdOptions{0.1});
+  tmem::optim::SGD<Gpu> gpu_opt(twin.gpu.parameters(), tmem::optim::SgdOptions{0.1});
+  tmem::amp::GradScalerOptions options;
+  options.init_scale = 1024.0;
+  tmem::amp::GradScaler<Cpu> cpu_scaler(DType::F16, options);
+  tmem::amp::GradScaler<Gpu> gpu_scaler(DType::F16, options);
+  const auto x = twin_inputs();
+  scaled_backward(twin.cpu, cpu_scaler, x);
+  scaled_backward(twin.gpu, gpu_scaler, x);
+  cpu_scaler.unscale_(cpu_opt);
+  gpu_scaler.unscale_(gpu_opt);
+  const double cpu_norm = tmem::optim::clip_grad_norm(cpu_opt, 1e-3);
+  const double gpu_norm = tmem::optim::clip_grad_norm(gpu_opt, 1e-3);
+  CHECK(gpu_norm == Approx(cpu_norm).epsilon(1e-6));
+  CHECK(cpu_norm > 1e-3);  // the clip did something
+  for (std::size_t i = 0; i < twin.cpu.parameters().size(); ++i) {
+    const auto want = twin.cpu.parameters()[i].grad().to_host<double>();
+    const auto got = twin.gpu.parameters()[i].grad().to_host<double>();
+    REQUIRE(got.size() == want.size());
+    for (std::size_t k = 0; k < want.size(); ++k) CHECK(got[k] == Approx(want[k]).epsilon(1e-5).margin(1e-9));
+  }
+  CHECK(gpu_scaler.step(gpu_opt));  // unscaled once: the step does not divide again
+  gpu_scaler.update();
+}
+
+TEST_CASE("cuda step: the scale grows to max_scale and stays there", "[cuda][amp]") {
+  TRAINMEM_REQUIRE_CUDA_DEVICE();
+  TwinLinear twin;
+  tmem::optim::SGD<Gpu> optimizer(twin.gpu.parameters(), tmem::optim::SgdOptions{0.0});
+  tmem::amp::GradScalerOptions options;
+  options.init_scale = 2.0;
+  options.growth_interval = 1;
+  options.max_scale = 8.0;
+  tmem::amp::GradScaler<Gpu> scaler(DType::F16, options);
+  const auto x = twin_inputs();
+  const double expected[] = {4.0, 8.0, 8.0, 8.0};
+  for (const double scale : expected) {
+    optimizer.zero_grad();
+    scaled_backward(twin.gpu, scaler, x);
+    CHECK(scaler.step(optimizer));
+    scaler.update();
+    CHECK(scaler.get_scale() == scale);
+  }
+}
+
+TEST_CASE("cuda step: stochastic rounding with a skipped step leaves masters and copies unchanged", "[cuda][amp]") {
+  TRAINMEM_REQUIRE_CUDA_DEVICE();
+  TwinLinear twin;
+  auto params = twin.gpu.parameters();
+  tmem::optim::SGD<Gpu> optimizer(params, tmem::optim::SgdOptions{0.05});
+  tmem::amp::MasterWeights<Gpu> masters(
+      params, tmem::amp::MasterWeightsOptions{DType::BF16, tmem::amp::RoundingMode::Stochastic, 5});
+  masters.attach(optimizer);
+  tmem::amp::GradScaler<Gpu> scaler(DType::F16, tmem::amp::GradScalerOptions{});
+  const auto x = twin_inputs();
+  auto step = [&](bool poison) {
+    optimizer.zero_grad();
+    scaled_backward(twin.gpu, scaler, x);
+    if (poison) {
+      const auto& grad = params[0].grad();
+      auto values = grad.to_host<double>();
+      values[3] = INFINITY;
+      grad.copy_from(TensorG::from_host(grad.shape(), values, grad.dtype()));
+    }
+    const bool stepped = scaler.step(optimizer);
+    scaler.update();
+    return stepped;
+  };
+  CHECK(step(false));
+  const auto master_before = masters.master(0).to_host<double>();
+  const auto copy_before = params[0].value().to_host<double>();
+  CHECK_FALSE(step(true));
+  CHECK(masters.master(0).to_host<double>() == master_before);
+  CHECK(params[0].value().to_host<double>() == copy_before);
+  CHECK(step(false));
+  // After a real step each copy is one of the two bf16 neighbours of its f32 master.
+  const auto master = masters.master(0).to_host<float>();
+  const auto copy = params[0].value().to_host<float>();
+  int outside = 0;
+  for (std::size_t i = 0; i < master.size(); ++i) {
+    const auto toward_zero = static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(master[i]) >> 16);
+    const float low = tmem::BFloat16::to_float(toward_zero);
+    const float high = tmem::BFloat16::to_float(static_cast<std::uint16_t>(toward_zero + 1));  // one step away from 0
+    if (copy[i] != low && copy[i] != high) ++outside;
+  }
+  CHECK(outside == 0);
+}
+
+TEST_CASE("cuda step: dropout inside a checkpoint recompute gives the plain step's gradients bitwise", "[cuda][rng]") {
+  TRAINMEM_REQUIRE_CUDA_DEVICE();
+  TwinLinear twin;
+  const auto x_values = twin_inputs();
+  auto gradients = [&](bool checkpointed) {
+    for (auto& p : twin.gpu.parameters()) p.zero_grad();
+    tmem::Tape<Gpu> tape;
+    tape.rng().manual_seed(99);
+    auto x = tape.input(TensorG::from_host(Shape{4, 16}, x_values, DType::F32));
+    auto block = [&](const tmem::Var<Gpu>& v) { return tmem::dropout(tmem::gelu(twin.gpu(v)), 0.5f); };
+    auto h = checkpointed ? tmem::checkpoint(tape, block, x) : block(x);
+    tape.backward(tmem::sum(h));
+    std::vector<std::vector<float>> grads;
+    for (auto& p : twin.gpu.parameters()) grads.push_back(p.grad().to_host<float>());
+    return grads;
+  };
+  const auto plain = gradients(false);
+  const auto recomputed = gradients(true);
+  REQUIRE(plain.size() == recomputed.size());
+  for (std::size_t i = 0; i < plain.size(); ++i) CHECK(plain[i] == recomputed[i]);
 }
