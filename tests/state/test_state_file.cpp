@@ -43,9 +43,10 @@ void write_file(const std::filesystem::path& path, const std::vector<char>& byte
 tmem::StateDict sample_dict() {
   tmem::StateDict d;
   const std::vector<double> values{1.5, -2.25, 3.0, 0.1, 1e-3, 65504.0};
+  const std::vector<double> integers{7, -2, 3, 0, -2147483648.0, 2147483647.0};  // i32 takes whole numbers only
   for (tmem::DType dtype : {tmem::DType::F32, tmem::DType::F64, tmem::DType::F16, tmem::DType::BF16, tmem::DType::I32})
     d.set(std::string("tensor.") + std::string(tmem::name_of(dtype)),
-          tmem::Tensor<B>::from_host(tmem::Shape{2, 3}, values, dtype));
+          tmem::Tensor<B>::from_host(tmem::Shape{2, 3}, dtype == tmem::DType::I32 ? integers : values, dtype));
   d.set("empty", tmem::Tensor<B>::zeros(tmem::Shape{0, 4}, tmem::DType::F32));
   d.set_i64("count", -(std::int64_t{1} << 60));
   d.set_u64("seed", 0xFEDCBA9876543210ull);
