@@ -11,8 +11,8 @@
 //
 // NOTE [Device-only names]
 // nvcc compiles a host function's call to a __device__-only function into a call that
-// ends the process with status 1, without a diagnostic. So every __device__-only helper and every kernel lives in
-// `trainmem::cuda::detail::device`, which unqualified lookup from host code in
+// ends the process with status 1, without a diagnostic. So every __device__-only
+// helper and every kernel lives in `trainmem::cuda::detail::device`, which unqualified lookup from host code in
 // `trainmem::cuda::detail` (the launchers) never searches: a launcher names a kernel
 // as `device::kernel`, and a host call to, say, `narrow` is a compile error instead of
 // a process exit. What both sides need is `__host__ __device__` and stays outside.
