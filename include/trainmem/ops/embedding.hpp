@@ -3,9 +3,10 @@
 // Keeps only the ids; backward scatters output-gradient rows into a zeroed table
 // gradient (+= so repeated ids accumulate). Runs in the table's dtype. The ids come in
 // as an i32 Var (tape.input(ids)): the table is usually a parameter on no tape, and
-// the ids are what puts the lookup on one. The ids are range-checked in forward and
-// again in backward (a write through data() does not bump a version), since an id out
-// of range there would scatter outside the table.
+// the ids are what puts the lookup on one. The backend's kernels range-check the ids
+// as they read them, in forward and again in backward (a write through data() does not
+// bump a version, and an id out of range there would scatter outside the table): the
+// CPU throws at once, CUDA at the next host wait, and no op downloads the ids.
 #pragma once
 
 #include "trainmem/detail/op_helpers.hpp"
@@ -14,23 +15,7 @@ namespace trainmem {
 
 namespace detail {
 inline constexpr OpInfo kEmbeddingOp{"embedding", OpKind::Embedding, AutocastCategory::Unchanged};
-
-/// A backend whose embedding kernels check the ids themselves (cuda::Backend), so the op
-/// need not download them; it raises a bad id at its next host wait instead of at the op.
-template <class B>
-concept ChecksIdsOnDevice = requires { requires B::kChecksIdsOnDevice; };
-
-/// Every id in [0, vocab) (a host read, skipped where the backend's kernels check);
-/// `when` names forward or backward in the error.
-template <class B>
-void check_ids(const Tensor<B>& ids, std::int64_t vocab, const char* when) {
-  if constexpr (ChecksIdsOnDevice<B>) return;
-  const auto host = ids.template to_host<double>();
-  for (std::size_t i = 0; i < host.size(); ++i)
-    check(host[i] >= 0 && host[i] < static_cast<double>(vocab), "embedding", when, ": id ", host[i], " at position ",
-          i, " is outside [0, ", vocab, ")");
-}
-}
+}  // namespace detail
 
 /// out[..., :] = weight[ids[...], :] for weight [V, D] and i32 ids of any shape.
 template <class B>
@@ -40,7 +25,6 @@ Var<B> embedding(const Var<B>& weight, const Var<B>& id_var) {
   detail::check(weight.shape().rank() == 2, "embedding: weight must be [V, D], got ", weight.shape());
   detail::check(id_var.dtype() == DType::I32, "embedding: ids must be i32, got ", id_var.dtype(), " ", id_var.shape());
   const Tensor<B>& ids = id_var.value();
-  detail::check_ids(ids, weight.shape()[0], "");
   auto dims = ids.shape().dims();
   dims.push_back(weight.shape()[1]);
   const Shape out_shape(dims);
@@ -56,7 +40,6 @@ Var<B> embedding(const Var<B>& weight, const Var<B>& id_var) {
   const Shape w_shape = weight.shape();
   return rec.finish(out[0], [=](const Grads<B>& g) {
     const Tensor<B> ids_now = saved_ids.unpack();
-    detail::check_ids(ids_now, w_shape[0], " backward");
     Tensor<B> dw = Tensor<B>::zeros(w_shape, g[0].dtype(), MemCategory::Temporary, g[0].backend());
     g[0].backend().embedding_backward(g[0], ids_now, dw);
     return Grads<B>{dw, Tensor<B>()};

@@ -208,18 +208,23 @@ class Backend {
       detail::dropout(in.data_as<const T>(), out.data_as<T>(), in.numel(), p, rng);
     });
   }
+  /// Checks each id against the table's rows as it copies (as cross_entropy checks labels).
   void embedding(const TensorT& weight, const TensorT& ids, const TensorT& out) {
     visit_floating(weight.dtype(), "embedding", [&]<class T>() {
-      detail::embedding(weight.data_as<const T>(), ids.data_as<const std::int32_t>(), out.data_as<T>(), ids.numel(),
-                        weight.cols());
+      check_ids(ids, detail::embedding(weight.data_as<const T>(), ids.data_as<const std::int32_t>(), out.data_as<T>(),
+                                       ids.numel(), weight.cols(), weight.rows()),
+                weight.rows(), "");
     });
   }
-  /// dweight += scatter-add of dout rows (the caller zeroes dweight first).
+  /// dweight += scatter-add of dout rows (the caller zeroes dweight first); the ids are
+  /// checked again before anything is added.
   void embedding_backward(const TensorT& dout, const TensorT& ids, const TensorT& dweight) {
     visit_floating(dout.dtype(), "embedding_backward", [&]<class T>() {
       visit_floating(dweight.dtype(), "embedding_backward", [&]<class TW>() {
-        detail::embedding_backward(dout.data_as<const T>(), ids.data_as<const std::int32_t>(), dweight.data_as<TW>(),
-                                   ids.numel(), dweight.cols());
+        check_ids(ids,
+                  detail::embedding_backward(dout.data_as<const T>(), ids.data_as<const std::int32_t>(),
+                                             dweight.data_as<TW>(), ids.numel(), dweight.cols(), dweight.rows()),
+                  dweight.rows(), " backward");
       });
     });
   }
@@ -292,6 +297,12 @@ class Backend {
   }
 
  private:
+  /// Throws for the id at `bad` (a kernel's answer; -1: none) naming it and the range.
+  static void check_ids(const TensorT& ids, std::int64_t bad, std::int64_t vocab, const char* when) {
+    trainmem::detail::check(bad < 0, "embedding", when, ": id ", bad < 0 ? 0 : ids.data_as<const std::int32_t>()[bad],
+                            " at position ", bad, " is outside [0, ", vocab, ")");
+  }
+
   /// The typed update pass behind both apply_update overloads; store_copy writes the model copy.
   template <class Update, class StoreCopy>
   void update_with(Update update, const TensorT& param, const TensorT& grad, const TensorT& state1,

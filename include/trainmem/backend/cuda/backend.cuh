@@ -153,8 +153,6 @@ class Backend {
   using TensorT = Tensor<Backend>;
   using HostCopy = cuda::HostCopy;
   static constexpr const char* kName = "cuda";
-  /// Embedding ids are checked by the kernel (NOTE [Checks without a host wait]), not by the op.
-  static constexpr bool kChecksIdsOnDevice = true;
 
   /// Uses `device`, makes it current, and creates the stream, pool and cuBLASLt handle.
   explicit Backend(int device = 0)
