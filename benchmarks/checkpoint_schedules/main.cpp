@@ -30,9 +30,7 @@
 
 #include "trainmem/trainmem.hpp"
 
-#if defined(_OPENMP)
-#include <omp.h>
-#endif
+#include "common/stats.hpp"
 
 namespace tmem = trainmem;
 using B = tmem::cpu::Backend;
@@ -133,12 +131,6 @@ double step(Chain& chain, const Schedule& schedule, const tmem::Tensor<B>& input
   return std::chrono::duration<double, std::milli>(stop - start).count();
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const auto n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 std::string svg_chart(const nlohmann::json& rows, const std::vector<int>& sizes) {
   const std::map<std::string, std::string> colors = {{"none", "#444444"},   {"every_block", "#d62728"},
                                                      {"sqrt_n", "#1f77b4"}, {"selective", "#2ca02c"}};
@@ -200,10 +192,7 @@ int main(int argc, char** argv) {
   app.add_option("--svg", c.svg_path, "where to write the SVG chart");
   CLI11_PARSE(app, argc, argv);
 
-  int threads = 1;
-#if defined(_OPENMP)
-  threads = omp_get_max_threads();
-#endif
+  const int threads = benchmarks::cpu_threads();
   std::printf("residual MLP chain: width %lld, hidden %lld, batch %lld, f32, %d threads, median of %d steps\n",
               static_cast<long long>(c.width), static_cast<long long>(c.hidden), static_cast<long long>(c.batch),
               threads, c.reps);
@@ -223,9 +212,9 @@ int main(int argc, char** argv) {
     for (std::size_t s = 0; s < scheds.size(); ++s) step(chain, scheds[s].second, input, m[s]);  // warm-up
     for (int r = 0; r < c.reps; ++r)
       for (std::size_t s = 0; s < scheds.size(); ++s) m[s].step_ms.push_back(step(chain, scheds[s].second, input, m[s]));
-    const double none_ms = median(m[0].step_ms);
+    const double none_ms = benchmarks::median(m[0].step_ms);
     for (std::size_t s = 0; s < scheds.size(); ++s) {
-      const double ms = median(m[s].step_ms);
+      const double ms = benchmarks::median(m[s].step_ms);
       const double saved_ratio = static_cast<double>(m[s].peak_saved) / static_cast<double>(m[0].peak_saved);
       std::printf("%6d  %-12s %16lld %16lld %10.2f %10.3f %10.3f\n", n, scheds[s].first.c_str(),
                   static_cast<long long>(m[s].peak_saved), static_cast<long long>(m[s].peak_total), ms, saved_ratio,

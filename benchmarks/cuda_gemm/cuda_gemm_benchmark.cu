@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "trainmem/cuda.hpp"
+#include "common/stats.hpp"
 
 namespace {
 
@@ -166,12 +167,6 @@ struct Row {
   int inner, samples;
 };
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 Row run(Gpu& gpu, const Problem& p, const Options& options, std::mt19937_64& engine) {
   // Enough operand sets that one pass over them exceeds the L2 (60 MB on an H200) twice.
   const double set_bytes = 2.0 * static_cast<double>(p.m * p.k + p.k * p.n + p.m * p.n);
@@ -230,8 +225,8 @@ Row run(Gpu& gpu, const Problem& p, const Options& options, std::mt19937_64& eng
   }
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
-  row.trainmem_tflops = p.flops() / (median(trainmem_ms) * 1e-3) / 1e12;
-  row.direct_tflops = p.flops() / (median(direct_ms) * 1e-3) / 1e12;
+  row.trainmem_tflops = p.flops() / (benchmarks::median(trainmem_ms) * 1e-3) / 1e12;
+  row.direct_tflops = p.flops() / (benchmarks::median(direct_ms) * 1e-3) / 1e12;
   return row;
 }
 

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "trainmem/cuda.hpp"
+#include "common/stats.hpp"
 
 namespace {
 
@@ -177,12 +178,6 @@ double step(Run& run, bool record) {
   return ms;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 double gib(std::int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0); }
 
 }  // namespace
@@ -211,7 +206,7 @@ int main(int argc, char** argv) {
         for (int w = 0; w < c.warmup; ++w) step(*run, w == 0);
         for (int s = 0; s < c.steps; ++s) run->step_ms.push_back(step(*run, false));
         std::printf("  %-5s %-9s %8.2f ms\n", std::string(tmem::name_of(precision)).c_str(), name_of(schedule),
-                    median(run->step_ms));
+                    benchmarks::median(run->step_ms));
         std::fflush(stdout);
         run->blocks.clear();  // free the model and its optimizer state before the next one
         run->optimizer.reset();
@@ -234,8 +229,8 @@ int main(int argc, char** argv) {
       consistent = consistent && loss_diff == 0.0 && norm_diff <= 1e-6 && std::isfinite(run->first_grad_norm2);
     }
 
-    const double f32_plain = median(find(tmem::DType::F32, Schedule::Plain).step_ms);
-    const double bf16_plain = median(find(tmem::DType::BF16, Schedule::Plain).step_ms);
+    const double f32_plain = benchmarks::median(find(tmem::DType::F32, Schedule::Plain).step_ms);
+    const double bf16_plain = benchmarks::median(find(tmem::DType::BF16, Schedule::Plain).step_ms);
     if (!c.json_path.empty()) {
       std::ofstream out(c.json_path);
       out << "{\n  \"benchmark\": \"cuda_train_step\",\n  \"device\": \"" << props.name << "\",\n  \"config\": {"
@@ -246,9 +241,9 @@ int main(int argc, char** argv) {
           << ",\n  \"runs\": [\n";
       for (std::size_t i = 0; i < runs.size(); ++i) {
         const Run& r = *runs[i];
-        const double plain = median(find(r.precision, Schedule::Plain).step_ms);
+        const double plain = benchmarks::median(find(r.precision, Schedule::Plain).step_ms);
         out << "    {\"precision\": \"" << tmem::name_of(r.precision) << "\", \"schedule\": \"" << name_of(r.schedule)
-            << "\", \"median_ms\": " << median(r.step_ms) << ", \"over_plain\": " << median(r.step_ms) / plain
+            << "\", \"median_ms\": " << benchmarks::median(r.step_ms) << ", \"over_plain\": " << benchmarks::median(r.step_ms) / plain
             << ", \"step_ms\": [";
         for (std::size_t s = 0; s < r.step_ms.size(); ++s) out << (s ? ", " : "") << r.step_ms[s];
         out << "], \"first_loss\": " << r.first_loss << ", \"first_grad_norm2\": " << r.first_grad_norm2
@@ -269,10 +264,10 @@ int main(int argc, char** argv) {
                 "saved GiB", "param+opt GiB");
     for (const auto& run : runs) {
       const Run& r = *run;
-      const double plain = median(find(r.precision, Schedule::Plain).step_ms);
+      const double plain = benchmarks::median(find(r.precision, Schedule::Plain).step_ms);
       const auto cat = [&](tmem::MemCategory k) { return r.peak[static_cast<std::size_t>(k)]; };
       std::printf("%-5s %-9s %10.2f %8.3f %12.2f %12.2f %12.2f\n", std::string(tmem::name_of(r.precision)).c_str(),
-                  name_of(r.schedule), median(r.step_ms), median(r.step_ms) / plain, gib(r.peak_total),
+                  name_of(r.schedule), benchmarks::median(r.step_ms), benchmarks::median(r.step_ms) / plain, gib(r.peak_total),
                   gib(cat(tmem::MemCategory::SavedActivation)),
                   gib(cat(tmem::MemCategory::Parameter) + cat(tmem::MemCategory::OptimizerState)));
     }

@@ -48,6 +48,7 @@
 #include <vector>
 
 #include "trainmem/backend/cpu/backend.hpp"
+#include "common/stats.hpp"
 
 namespace {
 
@@ -108,12 +109,6 @@ double sampled_error(const void* a, const void* b, const void* c, tmem::DType in
     worst = std::max(worst, std::fabs(got - exact) / std::max(magnitude, 1e-300));
   }
   return worst;
-}
-
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  const std::size_t n = values.size();
-  return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
 }
 
 double seconds_of(const std::function<void()>& fn) {
@@ -229,7 +224,7 @@ std::vector<Row> bench_shape(const Shape3& s, int reps, int warmup, bool native_
     }
 
   std::vector<Row> rows;
-  const double f32_gflops = s.flops() / median(cases[0].times) * 1e-9;
+  const double f32_gflops = s.flops() / benchmarks::median(cases[0].times) * 1e-9;
   const double f32_best_ms = *std::min_element(cases[0].times.begin(), cases[0].times.end()) * 1e3;
   for (auto& cs : cases) {
     Row row;
@@ -238,7 +233,7 @@ std::vector<Row> bench_shape(const Shape3& s, int reps, int warmup, bool native_
     row.impl = cs.impl;
     row.path = cs.path;
     row.reps = static_cast<int>(cs.times.size());
-    row.median_ms = median(cs.times) * 1e3;
+    row.median_ms = benchmarks::median(cs.times) * 1e3;
     row.min_ms = *std::min_element(cs.times.begin(), cs.times.end()) * 1e3;
     row.max_ms = *std::max_element(cs.times.begin(), cs.times.end()) * 1e3;
     row.gflops = s.flops() / (row.median_ms * 1e-3) * 1e-9;

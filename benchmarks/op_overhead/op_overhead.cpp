@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "trainmem/trainmem.hpp"
+#include "common/stats.hpp"
 
 namespace tmem = trainmem;
 using B = tmem::cpu::Backend;
@@ -41,12 +42,6 @@ struct OpCase {
   // y -> op(y), with the tape's leaves w (a [4, 4] weight), v and v2 ([4] vectors) available.
   std::function<Var(const Var& y, const Var& w, const Var& v, const Var& v2)> apply;
 };
-
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  const std::size_t n = values.size();
-  return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
-}
 
 }  // namespace
 
@@ -92,7 +87,7 @@ int main(int argc, char** argv) {
       const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
       if (r >= warmup) per_op_us.push_back(us / chain);
     }
-    const double med = median(per_op_us), best = *std::min_element(per_op_us.begin(), per_op_us.end());
+    const double med = benchmarks::median(per_op_us), best = *std::min_element(per_op_us.begin(), per_op_us.end());
     std::printf("%-12s %14.3f %14.3f\n", op.name.c_str(), med, best);
     out.push_back({{"op", op.name}, {"us_per_op_median", med}, {"us_per_op_best", best}, {"chain", chain},
                    {"reps", reps}, {"side", "trainmem"}});

@@ -28,9 +28,7 @@
 #include "common/chain_models.hpp"
 #include "trainmem/trainmem.hpp"
 
-#if defined(_OPENMP)
-#include <omp.h>
-#endif
+#include "common/stats.hpp"
 
 namespace tmem = trainmem;
 using B = tmem::cpu::Backend;
@@ -73,12 +71,6 @@ std::vector<std::pair<std::string, Segments>> hand_schedules(std::int64_t n) {
   for (std::int64_t k = 2; k <= 8 && k <= n / 2; k *= 2)
     out.push_back({"selective_every_" + std::to_string(k), sequential(n, n / k, M::Selective)});
   return out;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const auto n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 template <class Model>
@@ -141,13 +133,13 @@ void run_model(const std::string& name, const Model& model, const Config& c, nlo
       e.ms.push_back(m.ms);
       e.peak = m;
     }
-  const double none_ms = median(entries.front().ms);
+  const double none_ms = benchmarks::median(entries.front().ms);
   std::printf("%-12s %-9s %-20s %14s %14s %14s %10s %8s %5s\n", "model", "budget", "schedule", "peak saved B",
               "predicted B", "peak total B", "step ms", "t/none", "fits");
   for (std::size_t b = 0; b < budgets.size(); ++b) {
     for (const auto& e : entries) {
       if (e.budget >= 0 && e.budget != static_cast<int>(b)) continue;
-      const double ms = median(e.ms);
+      const double ms = benchmarks::median(e.ms);
       const bool fits = e.peak.peak[1] <= budgets[b].bytes;
       char label[32];
       std::snprintf(label, sizeof label, b + 1 == budgets.size() ? "min %.3f" : "%.3f", budgets[b].fraction);
@@ -174,7 +166,7 @@ void run_model(const std::string& name, const Model& model, const Config& c, nlo
     double best_hand = 0.0, planned = 0.0;
     std::string best_name;
     for (const auto& e : entries) {
-      const double ms = median(e.ms);
+      const double ms = benchmarks::median(e.ms);
       if (e.budget == static_cast<int>(b)) planned = ms;
       if (e.budget < 0 && e.peak.peak[1] <= budgets[b].bytes && (best_name.empty() || ms < best_hand))
         best_hand = ms, best_name = e.schedule;
@@ -220,10 +212,7 @@ int main(int argc, char** argv) {
   app.add_option("--tokens", c.tokens, "transformer: sequence length");
   app.add_option("--seq-batch", c.seq_batch, "transformer: sequences per batch");
   CLI11_PARSE(app, argc, argv);
-  int threads = 1;
-#if defined(_OPENMP)
-  threads = omp_get_max_threads();
-#endif
+  const int threads = benchmarks::cpu_threads();
   std::printf("checkpoint planner vs hand schedules, f32, %d threads, median of %d steps, budgets on saved activations\n",
               threads, c.reps);
   nlohmann::json rows = nlohmann::json::array(), solves = nlohmann::json::array();

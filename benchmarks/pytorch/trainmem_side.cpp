@@ -41,6 +41,7 @@
 
 #include <sys/resource.h>
 
+#include "common/stats.hpp"
 #include "trainmem/trainmem.hpp"
 
 #if defined(_OPENMP)
@@ -219,13 +220,6 @@ json peak_neighbourhood(const std::vector<tmem::MemoryStats::TimelineEntry>& eve
           {"phase", phase},
           {"live_by_category_at_peak", live},
           {"events_around_peak", window}};
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0.0;
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 }  // namespace
@@ -427,13 +421,13 @@ int main(int argc, char** argv) {
       {"sqrt_segments", segments},
       {"losses", losses},
       {"step_ms", step_ms},
-      {"median_step_ms", median(step_ms)},
+      {"median_step_ms", benchmarks::median(step_ms)},
       {"min_step_ms", step_ms.empty() ? 0.0 : *std::min_element(step_ms.begin(), step_ms.end())},
       {"step_cpu_ms", step_cpu_ms},
-      {"median_step_cpu_ms", median(step_cpu_ms)},
-      {"median_forward_ms", median(forward_ms)},
-      {"median_backward_ms", median(backward_ms)},
-      {"median_optimizer_ms", median(optimizer_ms)},
+      {"median_step_cpu_ms", benchmarks::median(step_cpu_ms)},
+      {"median_forward_ms", benchmarks::median(forward_ms)},
+      {"median_backward_ms", benchmarks::median(backward_ms)},
+      {"median_optimizer_ms", benchmarks::median(optimizer_ms)},
       {"grads_file", "grads_" + config + ".bin"},
       {"params", params},
       {"memory",
@@ -454,8 +448,8 @@ int main(int argc, char** argv) {
       "trainmem %s %s: loss %.6f -> %.6f, median step %.2f ms (fwd "
       "%.2f bwd %.2f opt %.2f), peak %.1f MiB "
       "(MemoryStats), peak RSS %.1f MiB, %d threads\n",
-      model_name.c_str(), config.c_str(), losses.front(), losses.back(), median(step_ms), median(forward_ms),
-      median(backward_ms), median(optimizer_ms), static_cast<double>(mem.peak_total()) / (1 << 20),
+      model_name.c_str(), config.c_str(), losses.front(), losses.back(), benchmarks::median(step_ms), benchmarks::median(forward_ms),
+      benchmarks::median(backward_ms), benchmarks::median(optimizer_ms), static_cast<double>(mem.peak_total()) / (1 << 20),
       static_cast<double>(hwm) / (1 << 20), threads);
   return 0;
 }
