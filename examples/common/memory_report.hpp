@@ -60,17 +60,7 @@ StepMemory measure_steady_step(MemoryStats& stats, Step&& step, bool record_time
   return measure_step(stats, step, record_timeline);
 }
 
-/// "12.3 MiB", "456.0 KiB", "789 B".
-inline std::string format_bytes(double bytes) {
-  char text[32];
-  if (bytes >= 1024.0 * 1024.0)
-    std::snprintf(text, sizeof text, "%.2f MiB", bytes / (1024.0 * 1024.0));
-  else if (bytes >= 1024.0)
-    std::snprintf(text, sizeof text, "%.1f KiB", bytes / 1024.0);
-  else
-    std::snprintf(text, sizeof text, "%.0f B", bytes);
-  return text;
-}
+using trainmem::format_bytes;
 
 /// Prints peak bytes per category of the chosen settings next to the plain FP32 step.
 inline void print_memory_table(const StepMemory& chosen, const std::string& chosen_name, const StepMemory& plain,

@@ -38,11 +38,6 @@ struct Budget {
 };
 
 namespace detail {
-inline std::string mib(std::int64_t bytes) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%.2f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
-  return text;
-}
 inline const char* channel_name(MemChannel c) { return c == MemChannel::Total ? "whole step" : "saved activations"; }
 }  // namespace detail
 
@@ -74,8 +69,8 @@ class CheckpointPlan {
     std::string out;
     char line[256];
     std::snprintf(line, sizeof line, "checkpoint plan for %zu stages, budget %s %s (model state %s):\n",
-                  stages_->size(), detail::channel_name(budget_.channel), detail::mib(budget_.bytes).c_str(),
-                  detail::mib(model_state_).c_str());
+                  stages_->size(), detail::channel_name(budget_.channel), format_bytes(budget_.bytes).c_str(),
+                  format_bytes(model_state_).c_str());
     out += line;
     for (std::size_t i = 0; i < segments_.size();) {
       std::size_t e = i + 1;
@@ -93,14 +88,14 @@ class CheckpointPlan {
                                    name_of(segments_[i].mode);
       std::snprintf(line, sizeof line, "  stages %4lld-%-4lld  %-40s keeps %12s  %9.2f ms\n",
                     static_cast<long long>(segments_[i].begin), static_cast<long long>(segments_[e - 1].end - 1),
-                    what.c_str(), detail::mib(kept).c_str(), ms);
+                    what.c_str(), format_bytes(kept).c_str(), ms);
       out += line;
       i = e;
     }
     std::snprintf(line, sizeof line,
                   "predicted: whole step %s, saved activations %s, step %.2f ms (plain step: %s, %s, %.2f ms)\n",
-                  detail::mib(prediction_.peak[0]).c_str(), detail::mib(prediction_.peak[1]).c_str(), prediction_.ms,
-                  detail::mib(plain_.peak[0]).c_str(), detail::mib(plain_.peak[1]).c_str(), plain_.ms);
+                  format_bytes(prediction_.peak[0]).c_str(), format_bytes(prediction_.peak[1]).c_str(), prediction_.ms,
+                  format_bytes(plain_.peak[0]).c_str(), format_bytes(plain_.peak[1]).c_str(), plain_.ms);
     out += line;
     return out;
   }
@@ -112,9 +107,9 @@ class CheckpointPlan {
     std::snprintf(line, sizeof line,
                   "measured: whole step %s (predicted %s, %+.2f%%), saved activations %s (predicted %s, %+.2f%%), "
                   "step %.2f ms (predicted %.2f ms)\n",
-                  detail::mib(m.peak[0]).c_str(), detail::mib(prediction_.peak[0]).c_str(),
+                  format_bytes(m.peak[0]).c_str(), format_bytes(prediction_.peak[0]).c_str(),
                   rel(static_cast<double>(prediction_.peak[0]), static_cast<double>(m.peak[0])),
-                  detail::mib(m.peak[1]).c_str(), detail::mib(prediction_.peak[1]).c_str(),
+                  format_bytes(m.peak[1]).c_str(), format_bytes(prediction_.peak[1]).c_str(),
                   rel(static_cast<double>(prediction_.peak[1]), static_cast<double>(m.peak[1])), m.ms, prediction_.ms);
     return line;
   }
@@ -168,8 +163,8 @@ class Planner {
       const std::int64_t state = budget.channel == MemChannel::Total ? profile_.model_state : 0;
       throw Error(detail::concat("checkpoint planner: no schedule of the ", stages_->size(), " stages fits a ",
                                  detail::channel_name(budget.channel), " budget of ", budget.bytes, " bytes (",
-                                 detail::mib(budget.bytes), "); the smallest that fits is ", least, " bytes (",
-                                 detail::mib(least), "), of which ", state, " bytes (", detail::mib(state),
+                                 format_bytes(budget.bytes), "); the smallest that fits is ", least, " bytes (",
+                                 format_bytes(least), "), of which ", state, " bytes (", format_bytes(state),
                                  ") are model state (parameters, gradients, master weights, optimizer state)"));
     }
     return CheckpointPlan<B>(*stages_, s.segments, s.prediction, budget, profile_);

@@ -14,6 +14,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <mutex>
 #include <string>
 #include <string_view>
@@ -119,5 +120,17 @@ class MemoryStats {
   std::vector<TimelineEntry> timeline_;
   mutable std::mutex mutex_;
 };
+
+/// Bytes for a person: "12.34 MiB", "456.0 KiB", "789 B".
+inline std::string format_bytes(double bytes) {
+  char text[32];
+  if (bytes >= 1024.0 * 1024.0)
+    std::snprintf(text, sizeof text, "%.2f MiB", bytes / (1024.0 * 1024.0));
+  else if (bytes >= 1024.0)
+    std::snprintf(text, sizeof text, "%.1f KiB", bytes / 1024.0);
+  else
+    std::snprintf(text, sizeof text, "%.0f B", bytes);
+  return text;
+}
 
 }  // namespace trainmem
