@@ -177,6 +177,13 @@ examples::StepOutcome classifier_step(tmem::Tape<B>& tape, const Model& model,
 }
 
 /// Peak bytes of one steady training step of a fresh model under `settings`.
+/// The first o.batch training examples: the batch a memory measurement or a profile steps on.
+void first_batch(const Options& o, const Dataset& train, std::vector<float>& images, std::vector<std::int32_t>& labels) {
+  std::vector<std::int64_t> first(static_cast<std::size_t>(std::min(o.batch, train.size())));
+  std::iota(first.begin(), first.end(), 0);
+  train.gather(first.data(), static_cast<std::int64_t>(first.size()), images, labels);
+}
+
 template <class Model>
 examples::StepMemory measure_memory(const Options& o, const MemorySettings& settings, const Dataset& train,
                                     bool record_timeline) {
@@ -184,11 +191,9 @@ examples::StepMemory measure_memory(const Options& o, const MemorySettings& sett
   tmem::optim::AdamW<B> optimizer(model.parameters(), {.lr = o.lr, .weight_decay = o.weight_decay});
   examples::PrecisionRunner<B> precision(settings.precision, optimizer);
   tmem::Tape<B> tape;
-  std::vector<std::int64_t> first(static_cast<std::size_t>(std::min(o.batch, train.size())));
-  std::iota(first.begin(), first.end(), 0);
   std::vector<float> images;
   std::vector<std::int32_t> labels;
-  train.gather(first.data(), static_cast<std::int64_t>(first.size()), images, labels);
+  first_batch(o, train, images, labels);
   const auto stages = model.stages(true);
   const auto step = [&] { classifier_step(tape, model, stages, images, labels, settings.checkpoint, precision); };
   return examples::measure_steady_step(B::default_instance().memory(), step, record_timeline);
@@ -202,11 +207,9 @@ std::vector<tmem::Segment> plan_schedule(const Options& o, const Dataset& train,
   tmem::optim::AdamW<B> optimizer(model.parameters(), {.lr = o.lr, .weight_decay = o.weight_decay});
   examples::PrecisionRunner<B> precision(o.settings.precision, optimizer);
   tmem::Tape<B> tape;
-  std::vector<std::int64_t> first(static_cast<std::size_t>(std::min(o.batch, train.size())));
-  std::iota(first.begin(), first.end(), 0);
   std::vector<float> images;
   std::vector<std::int32_t> labels;
-  train.gather(first.data(), static_cast<std::int64_t>(first.size()), images, labels);
+  first_batch(o, train, images, labels);
   const auto stages = model.stages(true);
   const tmem::Tensor<B> targets = labels_tensor(labels);
   const auto n = static_cast<std::int64_t>(labels.size());
