@@ -26,6 +26,11 @@ namespace {
 std::atomic<std::size_t> g_largest_allocation{0};
 }  // namespace
 
+// The replacements pair malloc with free by design; GCC sees the library's inlined calls to
+// operator new next to our free and warns of a mismatch that is not there.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+#endif
 void* operator new(std::size_t bytes) {
   std::size_t seen = g_largest_allocation.load(std::memory_order_relaxed);
   while (bytes > seen && !g_largest_allocation.compare_exchange_weak(seen, bytes, std::memory_order_relaxed)) {
