@@ -5,16 +5,20 @@
 #include "trainmem/error.hpp"
 
 #include "trainmem/core/dtype.hpp"
+#include "trainmem/core/loss_scale_rule.hpp"
 #include "trainmem/core/memory_stats.hpp"
 #include "trainmem/core/rng.hpp"
+#include "trainmem/core/stochastic_rounding.hpp"
 #include "trainmem/core/tensor.hpp"
 
 #include "trainmem/backend/cpu/backend.hpp"
 #include "trainmem/backend/cpu/threads.hpp"
 
 #include "trainmem/autograd/grad_mode.hpp"
-#include "trainmem/autograd/op_recorder.hpp"
 #include "trainmem/autograd/tape.hpp"
+
+#include "trainmem/ops/op_info.hpp"
+#include "trainmem/ops/op_recorder.hpp"
 
 #include "trainmem/ops/activation.hpp"
 #include "trainmem/ops/dropout.hpp"

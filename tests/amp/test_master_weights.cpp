@@ -130,7 +130,7 @@ TEST_CASE("stochastic rounding of the bf16 copy: unbiased, counter-based, reprod
     auto w = parameter(std::vector<double>(kN, v));
     auto masters = std::make_shared<tmem::amp::MasterWeights<B>>(
         std::vector<tmem::Var<B>>{w},
-        tmem::amp::MasterWeightsOptions{DType::BF16, tmem::amp::RoundingMode::Stochastic, seed});
+        tmem::amp::MasterWeightsOptions{DType::BF16, tmem::RoundingMode::Stochastic, seed});
     auto sgd = std::make_shared<tmem::optim::SGD<B>>(std::vector<tmem::Var<B>>{w}, tmem::optim::SgdOptions{.lr = 0.0});
     masters->attach(*sgd);
     return std::tuple{w, masters, sgd};
@@ -173,6 +173,6 @@ TEST_CASE("stochastic rounding of the bf16 copy: unbiased, counter-based, reprod
   CHECK(step(other) != first);
 
   auto w16 = parameter({1.0});
-  CHECK_THROWS_AS(tmem::amp::MasterWeights<B>({w16}, {DType::F16, tmem::amp::RoundingMode::Stochastic, 0}),
+  CHECK_THROWS_AS(tmem::amp::MasterWeights<B>({w16}, {DType::F16, tmem::RoundingMode::Stochastic, 0}),
                   tmem::Error);
 }

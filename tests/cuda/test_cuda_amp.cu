@@ -2,7 +2,7 @@
 //
 // References are host computations written out here: the unscaled value of each
 // element is narrow(widen(g) * (1/scale)) in the element's accumulator type; the scale
-// update is amp::update_scale_state run on the host over the same overflow sequence;
+// update is update_scale_state run on the host over the same overflow sequence;
 // sum of squares is an FP64 loop; optimizer steps are the CPU backend's apply_update.
 // A skipped step (found_inf set) must leave parameter, states and model copy bit for
 // bit as they were.
@@ -92,11 +92,11 @@ TEST_CASE("cuda amp: unscale_grads over many tensors sets found_inf only on inf/
   CHECK(read_f32(found_inf) == 1.0f);
 }
 
-TEST_CASE("cuda amp: update_scale follows amp::update_scale_state step by step", "[cuda][amp]") {
+TEST_CASE("cuda amp: update_scale follows update_scale_state step by step", "[cuda][amp]") {
   TRAINMEM_REQUIRE_CUDA_DEVICE();
   Inputs random;
   INFO("seed " << random.seed());
-  tmem::amp::ScaleUpdateArgs args;
+  tmem::ScaleUpdateArgs args;
   args.growth_interval = 3;
   args.hysteresis = 2;
   args.min_scale = 1.0f / 64.0f;
@@ -111,7 +111,7 @@ TEST_CASE("cuda amp: update_scale follows amp::update_scale_state step by step",
     const bool overflow = (step / 40) % 2 == 0 ? random.integer(0, 3) != 0 : random.integer(0, 9) == 0;
     auto d_found = scalar_f32(overflow ? 1.0f : 0.0f);
     Gpu::default_instance().update_scale(d_scale, d_growth, d_hysteresis, d_found, args);
-    tmem::amp::update_scale_state(scale, growth, hysteresis, overflow, args);
+    tmem::update_scale_state(scale, growth, hysteresis, overflow, args);
     INFO("step " << step << (overflow ? " (overflow)" : ""));
     REQUIRE(read_f32(d_scale) == scale);
     REQUIRE(d_growth.to_host<double>()[0] == growth);
@@ -152,7 +152,7 @@ struct SetToGrad {
 template <class B, class Update>
 std::vector<std::vector<double>> optimizer_pass(B& backend, Update update, const std::vector<std::vector<double>>& state,
                                                 DType grad_dtype, DType copy_dtype, float found_inf, bool use_flag,
-                                                tmem::amp::CopyRounding rounding = {}) {
+                                                tmem::CopyRounding rounding = {}) {
   const auto n = static_cast<std::int64_t>(state[0].size());
   auto make = [&](const std::vector<double>& v, DType dtype) {
     return tmem::Tensor<B>::from_host(Shape{n}, v, dtype, tmem::MemCategory::Temporary, backend);
@@ -212,7 +212,7 @@ TEST_CASE("cuda amp: stochastically rounded bf16 copies equal the CPU's bits", "
   const std::vector<std::vector<double>> state{std::vector<double>(n, 0.0), rounded_to(random.uniform(n), DType::F32),
                                                std::vector<double>(n, 0.0), std::vector<double>(n, 0.0),
                                                std::vector<double>(n, 0.0)};
-  const tmem::amp::CopyRounding rounding{tmem::amp::RoundingMode::Stochastic, {random.seed(), 4 * 1000}};
+  const tmem::CopyRounding rounding{tmem::RoundingMode::Stochastic, {random.seed(), 4 * 1000}};
   const auto cpu = optimizer_pass(Cpu::default_instance(), SetToGrad{}, state, DType::F32, DType::BF16, 0.0f, false,
                                   rounding);
   const auto gpu = optimizer_pass(Gpu::default_instance(), SetToGrad{}, state, DType::F32, DType::BF16, 0.0f, false,

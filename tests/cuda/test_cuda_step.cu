@@ -494,7 +494,7 @@ TEST_CASE("cuda step: stochastic rounding with a skipped step leaves masters and
   auto params = twin.gpu.parameters();
   tmem::optim::SGD<Gpu> optimizer(params, tmem::optim::SgdOptions{0.05});
   tmem::amp::MasterWeights<Gpu> masters(
-      params, tmem::amp::MasterWeightsOptions{DType::BF16, tmem::amp::RoundingMode::Stochastic, 5});
+      params, tmem::amp::MasterWeightsOptions{DType::BF16, tmem::RoundingMode::Stochastic, 5});
   masters.attach(optimizer);
   tmem::amp::GradScaler<Gpu> scaler(DType::F16, tmem::amp::GradScalerOptions{});
   const auto x = twin_inputs();

@@ -112,20 +112,20 @@ TEST_CASE("loss scale: 200 overflows in a row floor at the smallest normal f32; 
 
 TEST_CASE("loss scale: the rule floors a backoff at the smallest normal f32 even with min_scale 0",
           "[reliability][scaler]") {
-  tmem::amp::ScaleUpdateArgs args;
+  tmem::ScaleUpdateArgs args;
   args.min_scale = 0.0f;
   float scale = static_cast<float>(kMinNormal);
   std::int32_t tracker = 0, hysteresis_left = 1;
-  tmem::amp::update_scale_state(scale, tracker, hysteresis_left, true, args);
+  tmem::update_scale_state(scale, tracker, hysteresis_left, true, args);
   CHECK(static_cast<double>(scale) == kMinNormal);
 }
 
 TEST_CASE("loss scale: a growth tracker at INT32_MAX grows the scale without signed overflow",
           "[reliability][scaler]") {
-  tmem::amp::ScaleUpdateArgs args;  // interval 2000
+  tmem::ScaleUpdateArgs args;  // interval 2000
   float scale = 1024.0f;
   std::int32_t tracker = std::numeric_limits<std::int32_t>::max(), hysteresis_left = 1;
-  tmem::amp::update_scale_state(scale, tracker, hysteresis_left, false, args);
+  tmem::update_scale_state(scale, tracker, hysteresis_left, false, args);
   CHECK(scale == 2048.0f);
   CHECK(tracker == 0);
 }

@@ -131,7 +131,7 @@ TEST_CASE("masters, moments, rounding stream and scaler resume a stochastic-roun
   auto build = [](Problem& p, std::unique_ptr<tmem::amp::MasterWeights<B>>& m,
                   std::unique_ptr<tmem::optim::AdamW<B>>& o) {
     m = std::make_unique<tmem::amp::MasterWeights<B>>(
-        p.params(), tmem::amp::MasterWeightsOptions{DType::BF16, tmem::amp::RoundingMode::Stochastic, 11});
+        p.params(), tmem::amp::MasterWeightsOptions{DType::BF16, tmem::RoundingMode::Stochastic, 11});
     o = std::make_unique<tmem::optim::AdamW<B>>(p.params(), tmem::optim::AdamWOptions{.lr = 1e-3});
     m->attach(*o);
   };

@@ -15,8 +15,8 @@
 #include <string>
 #include <string_view>
 
-#include "trainmem/autograd/op_info.hpp"
 #include "trainmem/core/dtype.hpp"
+#include "trainmem/ops/op_info.hpp"
 
 namespace trainmem::amp {
 

@@ -15,7 +15,7 @@
 #include <string_view>
 #include <system_error>
 
-#include "trainmem/amp/scale_update.hpp"
+#include "trainmem/core/loss_scale_rule.hpp"
 #include "trainmem/error.hpp"
 
 namespace trainmem::amp {

@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "trainmem/amp/stochastic_rounding.hpp"
+#include "trainmem/core/stochastic_rounding.hpp"
 #include "trainmem/core/math.hpp"
 #include "trainmem/optim/optimizer.hpp"
 #include "trainmem/state/state_dict.hpp"

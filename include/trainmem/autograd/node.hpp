@@ -12,7 +12,7 @@
 #include <memory>
 #include <vector>
 
-#include "trainmem/autograd/op_info.hpp"
+#include "trainmem/autograd/op_identity.hpp"
 #include "trainmem/core/tensor.hpp"
 
 namespace trainmem {
@@ -41,7 +41,7 @@ using Grads = std::vector<Tensor<B>>;
 
 template <class B>
 struct Node {
-  const OpInfo* op = nullptr;
+  const OpIdentity* op = nullptr;
   std::vector<Edge<B>> inputs;
   std::vector<DType> output_dtypes;
   std::vector<Shape> output_shapes;

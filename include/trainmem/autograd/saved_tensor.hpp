@@ -18,14 +18,14 @@
 #include <string>
 #include <vector>
 
-#include "trainmem/autograd/op_info.hpp"
+#include "trainmem/autograd/op_identity.hpp"
 #include "trainmem/core/tensor.hpp"
 
 namespace trainmem {
 
 /// What a pack hook learns about a tensor being saved.
 struct SaveInfo {
-  const OpInfo* op;          // the op saving it
+  const OpIdentity* op;        // the op saving it
   std::int64_t op_index;     // the op's ordinal under the active hook (-1 if none)
   std::size_t bytes;         // size of the tensor
   double flops;              // the op's estimated forward FLOPs
@@ -140,11 +140,11 @@ class SaveHook {
  public:
   virtual ~SaveHook() = default;
   /// Called at each op entry; returns the op's ordinal under this hook.
-  virtual std::int64_t begin_op(const OpInfo& op) = 0;
+  virtual std::int64_t begin_op(const OpIdentity& op) = 0;
   /// Outputs kept from the forward for this op, to use instead of computing; or null.
   virtual const std::vector<Tensor<B>>* reuse_outputs(std::int64_t op_index) = 0;
   /// The op's outputs, once computed (a policy may keep them).
-  virtual void on_outputs(std::int64_t op_index, const OpInfo& op, double flops, const std::vector<Tensor<B>>& outputs) = 0;
+  virtual void on_outputs(std::int64_t op_index, const OpIdentity& op, double flops, const std::vector<Tensor<B>>& outputs) = 0;
   /// Decides how a tensor an op needs in backward is kept.
   virtual SavedTensor<B> pack(const Tensor<B>& tensor, const SaveInfo& info) = 0;
 };

@@ -27,7 +27,7 @@
 #include <utility>
 #include <vector>
 
-#include "trainmem/autograd/op_recorder.hpp"
+#include "trainmem/ops/op_recorder.hpp"
 #include "trainmem/checkpoint/policy.hpp"
 #include "trainmem/checkpoint/region.hpp"
 #include "trainmem/checkpoint/sequential.hpp"

@@ -17,7 +17,7 @@
 #include <utility>
 #include <vector>
 
-#include "trainmem/autograd/op_info.hpp"
+#include "trainmem/autograd/op_identity.hpp"
 
 namespace trainmem {
 
@@ -38,7 +38,7 @@ inline constexpr PolicyDecision kMustOffload{Strength::Must, Decision::Offload};
 
 /// What a policy sees of one op's outputs inside a region.
 struct OpSummary {
-  const OpInfo& op;
+  const OpIdentity& op;
   std::size_t bytes;      // all outputs together
   double flops;           // estimated forward FLOPs of the op
   std::string_view name;  // the name given with checkpoint_name, else empty

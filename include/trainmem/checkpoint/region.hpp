@@ -32,7 +32,7 @@
 #include <utility>
 #include <vector>
 
-#include "trainmem/autograd/op_recorder.hpp"
+#include "trainmem/ops/op_recorder.hpp"
 #include "trainmem/checkpoint/policy.hpp"
 #include "trainmem/checkpoint/replay_state.hpp"
 
@@ -115,7 +115,7 @@ class Region final : public SaveHook<B>, public Unpacker<B>, public std::enable_
   }
 
   // --- SaveHook -------------------------------------------------------------------
-  std::int64_t begin_op(const OpInfo&) override { return next_op_++; }
+  std::int64_t begin_op(const OpIdentity&) override { return next_op_++; }
 
   const std::vector<Tensor<B>>* reuse_outputs(std::int64_t op_index) override {
     if (!replaying_) return nullptr;
@@ -130,7 +130,7 @@ class Region final : public SaveHook<B>, public Unpacker<B>, public std::enable_
     return nullptr;
   }
 
-  void on_outputs(std::int64_t op_index, const OpInfo& op, double flops, const std::vector<Tensor<B>>& outputs) override {
+  void on_outputs(std::int64_t op_index, const OpIdentity& op, double flops, const std::vector<Tensor<B>>& outputs) override {
     if (replaying_) return;
     compute_event_[op_index] = events_++;
     output_counts_[op_index] = outputs.size();

@@ -1,7 +1,7 @@
 // trainmem/detail/op_helpers.hpp — small pieces every op file shares.
 #pragma once
 
-#include "trainmem/autograd/op_recorder.hpp"
+#include "trainmem/ops/op_recorder.hpp"
 
 namespace trainmem::detail {
 

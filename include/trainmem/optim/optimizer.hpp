@@ -36,7 +36,7 @@
 #include <string>
 #include <vector>
 
-#include "trainmem/amp/stochastic_rounding.hpp"
+#include "trainmem/core/stochastic_rounding.hpp"
 #include "trainmem/autograd/grad_mode.hpp"
 #include "trainmem/autograd/var.hpp"
 #include "trainmem/core/math.hpp"
@@ -120,11 +120,11 @@ class Optimizer {
   /// How update passes write 16-bit model copies; stochastic rounding draws from a
   /// Philox stream starting at (seed, 0), `numel` draws per parameter per launched pass
   /// (a pass that found_inf cancels on the device uses up its draws too).
-  void set_copy_rounding(amp::RoundingMode mode, std::uint64_t seed = 0) {
+  void set_copy_rounding(RoundingMode mode, std::uint64_t seed = 0) {
     rounding_mode_ = mode;
     rounding_rng_.manual_seed(seed);
   }
-  amp::RoundingMode copy_rounding() const { return rounding_mode_; }
+  RoundingMode copy_rounding() const { return rounding_mode_; }
   /// The stochastic-rounding stream position (save it with a checkpoint to resume bit for bit).
   RngState copy_rounding_state() const { return rounding_rng_.state(); }
   void set_copy_rounding_state(RngState state) { rounding_rng_.set_state(state); }
@@ -176,8 +176,8 @@ class Optimizer {
     }
     check_layout(state, expected, "optimizer::load_state");
     const std::int64_t mode = state.get_i64("copy_rounding.mode");
-    detail::check(mode == static_cast<std::int64_t>(amp::RoundingMode::NearestEven) ||
-                      mode == static_cast<std::int64_t>(amp::RoundingMode::Stochastic),
+    detail::check(mode == static_cast<std::int64_t>(RoundingMode::NearestEven) ||
+                      mode == static_cast<std::int64_t>(RoundingMode::Stochastic),
                   "optimizer::load_state: copy_rounding.mode ", mode, " is not a rounding mode");
     detail::check(state.get_i64("steps") >= 0, "optimizer::load_state: steps must be >= 0");
     check_options_map(options_from(state));
@@ -195,7 +195,7 @@ class Optimizer {
       e.steps = state.get_i64(p + "steps");
     }
     steps_ = state.get_i64("steps");
-    rounding_mode_ = static_cast<amp::RoundingMode>(state.get_i64("copy_rounding.mode"));
+    rounding_mode_ = static_cast<RoundingMode>(state.get_i64("copy_rounding.mode"));
     rounding_rng_.set_state({state.get_u64("copy_rounding.seed"), state.get_u64("copy_rounding.offset")});
     load_options_map(options_from(state));
   }
@@ -230,8 +230,8 @@ class Optimizer {
   template <class Update>
   void apply(const ParamGroupEntry<B>& e, const Tensor<B>& target, const Tensor<B>& grad, Update update,
              const StepControl<B>& control) {
-    amp::CopyRounding rounding;
-    if (e.master.defined() && rounding_mode_ == amp::RoundingMode::Stochastic)
+    CopyRounding rounding;
+    if (e.master.defined() && rounding_mode_ == RoundingMode::Stochastic)
       rounding = {rounding_mode_, rounding_rng_.take(static_cast<std::uint64_t>(target.numel()))};
     const Tensor<B> copy = e.master.defined() ? e.param.value() : Tensor<B>();
     if (control.grad_divisor.defined()) {
@@ -352,7 +352,7 @@ class Optimizer {
     applies_ = flagged_applies_;
   }
 
-  amp::RoundingMode rounding_mode_ = amp::RoundingMode::NearestEven;
+  RoundingMode rounding_mode_ = RoundingMode::NearestEven;
   Generator rounding_rng_{0};
   Tensor<B> one_, flagged_applies_, applies_;
 };

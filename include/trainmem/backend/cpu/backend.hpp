@@ -14,8 +14,8 @@
 
 #include "trainmem/backend/cpu/allocator.hpp"
 #include "trainmem/backend/cpu/gemm.hpp"
-#include "trainmem/amp/scale_update.hpp"
-#include "trainmem/amp/stochastic_rounding.hpp"
+#include "trainmem/core/loss_scale_rule.hpp"
+#include "trainmem/core/stochastic_rounding.hpp"
 #include "trainmem/backend/cpu/kernels.hpp"
 #include "trainmem/core/tensor.hpp"
 
@@ -251,9 +251,9 @@ class Backend {
   template <class Update>
   void apply_update(Update update, const TensorT& param, const TensorT& grad, const TensorT& state1,
                     const TensorT& state2, const TensorT& model_copy, const TensorT& found_inf,
-                    const amp::CopyRounding& rounding = {}) {
+                    const CopyRounding& rounding = {}) {
     if (found_inf.defined() && found_inf.data_as<const float>()[0] != 0.0f) return;
-    if (rounding.mode == amp::RoundingMode::NearestEven || !model_copy.defined()) {
+    if (rounding.mode == RoundingMode::NearestEven || !model_copy.defined()) {
       apply_update(update, param, grad, state1, state2, model_copy);
       return;
     }
@@ -276,11 +276,11 @@ class Backend {
     }
   }
 
-  /// One step of the dynamic loss-scale rule (amp::update_scale_state) on backend scalars:
+  /// One step of the dynamic loss-scale rule (update_scale_state) on backend scalars:
   /// scale f32, growth_tracker and hysteresis_left i32, found_inf f32 (non-zero: overflow).
   void update_scale(const TensorT& scale, const TensorT& growth_tracker, const TensorT& hysteresis_left,
-                    const TensorT& found_inf, const amp::ScaleUpdateArgs& args) {
-    amp::update_scale_state(scale.data_as<float>()[0], growth_tracker.data_as<std::int32_t>()[0],
+                    const TensorT& found_inf, const ScaleUpdateArgs& args) {
+    update_scale_state(scale.data_as<float>()[0], growth_tracker.data_as<std::int32_t>()[0],
                             hysteresis_left.data_as<std::int32_t>()[0], found_inf.data_as<const float>()[0] != 0.0f,
                             args);
   }

@@ -13,7 +13,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "trainmem/amp/stochastic_rounding.hpp"
+#include "trainmem/core/stochastic_rounding.hpp"
 #include "trainmem/core/dtype.hpp"
 #include "trainmem/core/math.hpp"
 #include "trainmem/core/rng.hpp"
@@ -326,7 +326,7 @@ struct StochasticBf16Copy {
   BFloat16* copy;
   RngState rng;
   template <class TP> void operator()(std::int64_t i, TP value) const {
-    copy[i] = amp::bf16_round_stochastic(static_cast<float>(value),
+    copy[i] = bf16_round_stochastic(static_cast<float>(value),
                                          trainmem::detail::random_bits(rng, static_cast<std::uint64_t>(i)));
   }
 };

@@ -7,7 +7,7 @@
 // found_inf if any stored result is not finite — which covers an inf or NaN gradient
 // and also a finite one that overflows its dtype when unscaled by a scale below 1. The
 // flag is only ever set, so several launches and several calls OR together. The scale update is a one-thread kernel
-// running amp::update_scale_state, the same function the CPU backend calls. The
+// running update_scale_state, the same function the CPU backend calls. The
 // optimizer's fused pass (kernels.cuh, apply_update) reads the flag on the device and
 // does nothing when it is set; the host reads it only when the user asks.
 #pragma once
@@ -15,7 +15,7 @@
 #include <cstdint>
 #include <span>
 
-#include "trainmem/amp/scale_update.hpp"
+#include "trainmem/core/loss_scale_rule.hpp"
 #include "trainmem/backend/cuda/element_io.cuh"
 #include "trainmem/backend/cuda/launch.cuh"
 #include "trainmem/backend/cuda/reduce.cuh"
@@ -105,14 +105,14 @@ inline void unscale_grads(const KernelContext& ctx, std::span<const GradRef> gra
 namespace device {
 template <class Scale>
 __global__ void update_scale_kernel(Scale* scale, std::int32_t* growth_tracker, std::int32_t* hysteresis_left,
-                                    const float* found_inf, amp::ScaleUpdateArgs args) {
-  amp::update_scale_state(scale[0], growth_tracker[0], hysteresis_left[0], found_inf[0] != 0.0f, args);
+                                    const float* found_inf, ScaleUpdateArgs args) {
+  update_scale_state(scale[0], growth_tracker[0], hysteresis_left[0], found_inf[0] != 0.0f, args);
 }
 }  // namespace device
 
 /// One step of the dynamic loss-scale rule, run next to the gradients.
 inline void update_scale(const KernelContext& ctx, float* scale, std::int32_t* growth_tracker,
-                         std::int32_t* hysteresis_left, const float* found_inf, const amp::ScaleUpdateArgs& args) {
+                         std::int32_t* hysteresis_left, const float* found_inf, const ScaleUpdateArgs& args) {
   device::update_scale_kernel<<<1, 1, 0, ctx.stream>>>(scale, growth_tracker, hysteresis_left, found_inf, args);
   TRAINMEM_CUDA_CHECK_LAUNCH("update_scale_kernel");
 }

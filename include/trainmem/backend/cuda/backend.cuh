@@ -29,8 +29,8 @@
 #include <span>
 #include <vector>
 
-#include "trainmem/amp/scale_update.hpp"
-#include "trainmem/amp/stochastic_rounding.hpp"
+#include "trainmem/core/loss_scale_rule.hpp"
+#include "trainmem/core/stochastic_rounding.hpp"
 #include "trainmem/backend/cuda/allocator.cuh"
 #include "trainmem/backend/cuda/amp_kernels.cuh"
 #include "trainmem/backend/cuda/error.cuh"
@@ -414,7 +414,7 @@ class Backend {
   template <class Update>
   void apply_update(Update update, const TensorT& param, const TensorT& grad, const TensorT& state1,
                     const TensorT& state2, const TensorT& model_copy, const TensorT& found_inf,
-                    const amp::CopyRounding& rounding = {}) {
+                    const CopyRounding& rounding = {}) {
     trainmem::detail::check(param.dtype() == DType::F32 || param.dtype() == DType::F64,
                             "apply_update: the updated parameter must be f32 or f64 (use FP32 master weights for "
                             "16-bit models)");
@@ -424,7 +424,7 @@ class Backend {
       trainmem::detail::check(is_floating(model_copy.dtype()) && model_copy.numel() == param.numel(),
                               "apply_update: model copy ", model_copy.shape(), " does not match parameter ",
                               param.shape());
-      trainmem::detail::check(rounding.mode == amp::RoundingMode::NearestEven || model_copy.dtype() == DType::BF16,
+      trainmem::detail::check(rounding.mode == RoundingMode::NearestEven || model_copy.dtype() == DType::BF16,
                               "apply_update: stochastic rounding writes bf16 model copies, the copy is ",
                               model_copy.dtype());
     }
@@ -457,9 +457,9 @@ class Backend {
     }
     detail::unscale_grads(context(), refs, scale_ptr, flag);
   }
-  /// One step of the dynamic loss-scale rule (amp::update_scale_state) in a one-thread kernel.
+  /// One step of the dynamic loss-scale rule (update_scale_state) in a one-thread kernel.
   void update_scale(const TensorT& scale, const TensorT& growth_tracker, const TensorT& hysteresis_left,
-                    const TensorT& found_inf, const amp::ScaleUpdateArgs& args) {
+                    const TensorT& found_inf, const ScaleUpdateArgs& args) {
     float* scale_ptr = scalar_f32("update_scale", "scale", scale);
     const float* flag = scalar_f32("update_scale", "found_inf", found_inf);
     detail::update_scale(context(), scale_ptr, scalar_i32("update_scale", "growth_tracker", growth_tracker),

@@ -27,7 +27,7 @@
 #include <initializer_list>
 #include <type_traits>
 
-#include "trainmem/amp/stochastic_rounding.hpp"
+#include "trainmem/core/stochastic_rounding.hpp"
 #include "trainmem/backend/cuda/element_io.cuh"
 #include "trainmem/backend/cuda/launch.cuh"
 #include "trainmem/backend/cuda/reduce.cuh"
@@ -679,7 +679,7 @@ void embedding_backward(const KernelContext& ctx, const T* dout, const std::int3
 
 /// One optimizer pass over param (TP, the f32/f64 master): the gradient and the optional
 /// 16-bit model copy have run-time dtypes; with `skip` set and non-zero, nothing changes.
-/// A bf16 copy may be rounded stochastically with draw i of `rng` (amp::bf16_round_stochastic).
+/// A bf16 copy may be rounded stochastically with draw i of `rng` (bf16_round_stochastic).
 namespace device {
 template <class Update, class TP>
 __global__ void apply_update_kernel(Update update, TP* param, const void* grad, DType grad_dtype, TP* state1,
@@ -696,7 +696,7 @@ __global__ void apply_update_kernel(Update update, TP* param, const void* grad, 
     if (state2 != nullptr) state2[i] = s2;
     if (copy == nullptr) continue;
     if (stochastic)
-      static_cast<BFloat16*>(copy)[i] = amp::bf16_round_stochastic(
+      static_cast<BFloat16*>(copy)[i] = bf16_round_stochastic(
           static_cast<float>(p), trainmem::detail::random_bits(rng, static_cast<std::uint64_t>(i)));
     else
       store_as<TP>(copy, copy_dtype, i, p);
@@ -707,9 +707,9 @@ __global__ void apply_update_kernel(Update update, TP* param, const void* grad, 
 template <class Update, class TP>
 void apply_update(const KernelContext& ctx, Update update, TP* param, const void* grad, DType grad_dtype, TP* state1,
                   TP* state2, void* copy, DType copy_dtype, std::int64_t n, const float* skip,
-                  const amp::CopyRounding& rounding) {
+                  const CopyRounding& rounding) {
   if (n == 0) return;
-  const bool stochastic = copy != nullptr && rounding.mode == amp::RoundingMode::Stochastic;
+  const bool stochastic = copy != nullptr && rounding.mode == RoundingMode::Stochastic;
   device::apply_update_kernel<<<blocks_for(ctx, n), kThreads, 0, ctx.stream>>>(update, param, grad, grad_dtype, state1, state2,
                                                                       copy, copy_dtype, n, skip, stochastic,
                                                                       rounding.rng);

@@ -1,4 +1,4 @@
-// trainmem/amp/stochastic_rounding.hpp — how an update pass rounds the 16-bit model copy.
+// trainmem/core/stochastic_rounding.hpp — how an update pass rounds the 16-bit model copy.
 //
 // Round-to-nearest-even drops any change smaller than half a bf16 step, every time, so
 // a bf16 value that receives many tiny updates never moves. Stochastic rounding rounds
@@ -14,7 +14,7 @@
 #include "trainmem/core/bfloat16.hpp"
 #include "trainmem/core/rng.hpp"
 
-namespace trainmem::amp {
+namespace trainmem {
 
 enum class RoundingMode : std::uint8_t {
   NearestEven,  // IEEE round to nearest, ties to even
@@ -36,4 +36,4 @@ TRAINMEM_HOST_DEVICE BFloat16 bf16_round_stochastic(float value, std::uint32_t r
   return BFloat16::from_bits(static_cast<std::uint16_t>((x + (random & 0xffffu)) >> 16));
 }
 
-}  // namespace trainmem::amp
+}  // namespace trainmem

@@ -1,4 +1,4 @@
-// trainmem/autograd/op_recorder.hpp — the one entry every op goes through.
+// trainmem/ops/op_recorder.hpp — the one entry every op goes through.
 //
 // NOTE [Op entry]
 // An op validates its arguments, then builds an OpRecorder from its OpInfo and input

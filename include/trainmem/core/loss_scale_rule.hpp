@@ -1,4 +1,4 @@
-// trainmem/amp/scale_update.hpp — one step of the dynamic loss-scale rule.
+// trainmem/core/loss_scale_rule.hpp — one step of the dynamic loss-scale rule.
 //
 // Written once as a TRAINMEM_HOST_DEVICE function so the CPU backend runs it inline
 // and the CUDA backend runs it in a one-thread kernel next to the gradients (no host
@@ -19,7 +19,7 @@
 
 #include "trainmem/config.hpp"
 
-namespace trainmem::amp {
+namespace trainmem {
 
 /// Smallest and largest loss scale: the normal f32 range, [2^-126, (2 - 2^-23) 2^127].
 inline constexpr double kMinScale = 1.1754943508222875e-38;
@@ -60,4 +60,4 @@ TRAINMEM_HOST_DEVICE void update_scale_state(float& scale, std::int32_t& growth_
   }
 }
 
-}  // namespace trainmem::amp
+}  // namespace trainmem

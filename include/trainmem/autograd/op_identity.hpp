@@ -1,9 +1,8 @@
-// trainmem/autograd/op_info.hpp — what an op declares about itself.
+// trainmem/autograd/op_identity.hpp — what the tape knows of an op: its name and kind.
 //
-// Each op has one static OpInfo: its name (for errors and policies), its kind (for
-// selective checkpoint policies) and its autocast category (for the autocast seam).
-// Ops never decide precision or what to keep themselves; these declarations let the
-// policies decide.
+// Nodes name their op in errors, and checkpoint policies select saved tensors by the
+// kind of op that saved them. Nothing here is about precision: the autocast category
+// an op also declares lives with the op entry (ops/op_info.hpp).
 #pragma once
 
 #include <cstdint>
@@ -41,28 +40,9 @@ constexpr std::string_view name_of(OpKind kind) {
   return "?";
 }
 
-/// How autocast treats an op's floating inputs (PyTorch's autocast lists).
-enum class AutocastCategory : std::uint8_t {
-  LowerPrecision,  // run in the autocast dtype (f16/bf16): matmuls
-  Fp32,            // run in f32: softmax, norms, losses, reductions, exp, log
-  Promote,         // run in the widest input dtype: binary element-wise ops
-  Unchanged,       // run in the input's own dtype
-};
-
-constexpr std::string_view name_of(AutocastCategory category) {
-  switch (category) {
-    case AutocastCategory::LowerPrecision: return "lower_precision";
-    case AutocastCategory::Fp32: return "fp32";
-    case AutocastCategory::Promote: return "promote";
-    case AutocastCategory::Unchanged: return "unchanged";
-  }
-  return "?";
-}
-
-struct OpInfo {
+struct OpIdentity {
   std::string_view name;
   OpKind kind;
-  AutocastCategory autocast;
 };
 
 }  // namespace trainmem
