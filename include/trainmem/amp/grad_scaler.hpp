@@ -18,7 +18,7 @@
 // To clip: `unscale_(optimizer)`, then optim::clip_grad_norm, then step. unscale_ writes
 // f32 gradients in place of 16-bit ones (their unscaled values would flush in 16 bits).
 //
-// The scale stays a normal f32, in [2^-126, f32 max] (amp/scale_update.hpp): settings,
+// The scale stays a normal f32, in [2^-126, f32 max] (core/loss_scale_rule.hpp): settings,
 // loaded states and update(new_scale) outside it are errors, and a scale tensor that was
 // overwritten anyway never reaches an update (step() checks it; step_async() checks it
 // for inf/NaN with the gradients and so skips).
