@@ -21,8 +21,8 @@
 #include <cstdio>
 #include <ctime>
 #include <fstream>
-#include <iostream>
 #include <iomanip>
+#include <iostream>
 #include <map>
 #include <sstream>
 #include <string>
@@ -90,10 +90,8 @@ std::vector<std::pair<std::string, Schedule>> schedules(const Config& c) {
          return h;
        }},
       {"every_block", each({})},
-      {"sqrt_n",
-       [](tmem::Tape<B>& tape, const std::vector<tmem::Layer<B>>& layers, const Var& x) {
-         return tmem::checkpoint_sequential(tape, layers, x);
-       }},
+      {"sqrt_n", [](tmem::Tape<B>& tape, const std::vector<tmem::Layer<B>>& layers,
+                    const Var& x) { return tmem::checkpoint_sequential(tape, layers, x); }},
       {"every_" + std::to_string(every),
        [every](tmem::Tape<B>& tape, const std::vector<tmem::Layer<B>>& layers, const Var& x) {
          const auto n = static_cast<std::int64_t>(layers.size());
@@ -132,8 +130,8 @@ double step(Chain& chain, const Schedule& schedule, const tmem::Tensor<B>& input
 }
 
 std::string svg_chart(const nlohmann::json& rows, const std::vector<int>& sizes) {
-  const std::map<std::string, std::string> colors = {{"none", "#444444"},   {"every_block", "#d62728"},
-                                                     {"sqrt_n", "#1f77b4"}, {"selective", "#2ca02c"}};
+  const std::map<std::string, std::string> colors = {
+      {"none", "#444444"}, {"every_block", "#d62728"}, {"sqrt_n", "#1f77b4"}, {"selective", "#2ca02c"}};
   const int panel_w = 430, panel_h = 280, margin = 50;
   const int cols = 2, rows_n = static_cast<int>((sizes.size() + 1) / 2);
   std::ostringstream svg;
@@ -147,7 +145,8 @@ std::string svg_chart(const nlohmann::json& rows, const std::vector<int>& sizes)
     const double tmin = 0.9, tmax = 1.6;  // time ratio axis
     auto sx = [&](double t) { return x0 + (std::clamp(t, tmin, tmax) - tmin) / (tmax - tmin) * w; };
     auto sy = [&](double m) { return y0 - std::clamp(m, 0.0, 1.1) / 1.1 * h; };
-    svg << "<text x='" << ox + margin << "' y='" << oy + 14 << "' font-size='12'>N = " << sizes[p] << " blocks</text>\n";
+    svg << "<text x='" << ox + margin << "' y='" << oy + 14 << "' font-size='12'>N = " << sizes[p]
+        << " blocks</text>\n";
     svg << "<line x1='" << x0 << "' y1='" << y0 << "' x2='" << x0 + w << "' y2='" << y0 << "' stroke='black'/>\n";
     svg << "<line x1='" << x0 << "' y1='" << y0 << "' x2='" << x0 << "' y2='" << y0 - h << "' stroke='black'/>\n";
     for (double t = 1.0; t <= tmax + 1e-9; t += 0.1)
@@ -205,13 +204,15 @@ int main(int argc, char** argv) {
   for (int n : c.sizes) {
     Chain chain(n, c);
     std::vector<float> values(static_cast<std::size_t>(c.batch * c.width));
-    for (std::size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(std::sin(0.01 * static_cast<double>(i)));
+    for (std::size_t i = 0; i < values.size(); ++i)
+      values[i] = static_cast<float>(std::sin(0.01 * static_cast<double>(i)));
     const auto input = tmem::Tensor<B>::from_host({c.batch, c.width}, values);
     auto scheds = schedules(c);
     std::vector<Measurement> m(scheds.size());
     for (std::size_t s = 0; s < scheds.size(); ++s) step(chain, scheds[s].second, input, m[s]);  // warm-up
     for (int r = 0; r < c.reps; ++r)
-      for (std::size_t s = 0; s < scheds.size(); ++s) m[s].step_ms.push_back(step(chain, scheds[s].second, input, m[s]));
+      for (std::size_t s = 0; s < scheds.size(); ++s)
+        m[s].step_ms.push_back(step(chain, scheds[s].second, input, m[s]));
     const double none_ms = benchmarks::median(m[0].step_ms);
     for (std::size_t s = 0; s < scheds.size(); ++s) {
       const double ms = benchmarks::median(m[s].step_ms);
@@ -241,18 +242,28 @@ int main(int argc, char** argv) {
     const double a = static_cast<double>(none_peak[n]) / n;
     const double ideal = static_cast<double>(k + n / k) * a;
     const double exact = static_cast<double>(k - 1) * b + static_cast<double>(n - (k - 1) * (n / k)) * a;
-    std::printf("  N=%5d k=%3lld  measured %12lld  (k-1) b + (N-(k-1)floor(N/k)) A = %12.0f (%.3f)  (k+N/k) A = %12.0f (%.3f)\n", n,
-                static_cast<long long>(k), static_cast<long long>(sqrt_peak[n]), exact, sqrt_peak[n] / exact, ideal,
-                sqrt_peak[n] / ideal);
-    model.push_back({{"n", n}, {"k", k}, {"measured", sqrt_peak[n]}, {"block_bytes_A", a}, {"boundary_bytes_b", b},
-                     {"segments_model", exact}, {"k_plus_n_over_k_A", ideal}});
+    std::printf(
+        "  N=%5d k=%3lld  measured %12lld  (k-1) b + (N-(k-1)floor(N/k)) A = %12.0f (%.3f)  (k+N/k) A = %12.0f "
+        "(%.3f)\n",
+        n, static_cast<long long>(k), static_cast<long long>(sqrt_peak[n]), exact, sqrt_peak[n] / exact, ideal,
+        sqrt_peak[n] / ideal);
+    model.push_back({{"n", n},
+                     {"k", k},
+                     {"measured", sqrt_peak[n]},
+                     {"block_bytes_A", a},
+                     {"boundary_bytes_b", b},
+                     {"segments_model", exact},
+                     {"k_plus_n_over_k_A", ideal}});
   }
   double slope = 0;
   if (c.sizes.size() >= 2) {  // least-squares slope of log(peak) on log(N)
     double sx = 0, sy = 0, sxx = 0, sxy = 0;
     for (int n : c.sizes) {
       const double x = std::log(n), y = std::log(static_cast<double>(sqrt_peak[n]));
-      sx += x; sy += y; sxx += x * x; sxy += x * y;
+      sx += x;
+      sy += y;
+      sxx += x * x;
+      sxy += x * y;
     }
     const double k = static_cast<double>(c.sizes.size());
     slope = (k * sxy - sx * sy) / (k * sxx - sx * sx);
@@ -262,9 +273,16 @@ int main(int argc, char** argv) {
   const std::time_t now = std::time(nullptr);
   char date[32];
   std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
-  nlohmann::json out = {{"benchmark", "checkpoint_schedules"}, {"date", date}, {"threads", threads},
-                        {"width", c.width}, {"hidden", c.hidden}, {"batch", c.batch}, {"reps", c.reps},
-                        {"results", rows}, {"sqrt_model", model}, {"sqrt_loglog_slope", slope}};
+  nlohmann::json out = {{"benchmark", "checkpoint_schedules"},
+                        {"date", date},
+                        {"threads", threads},
+                        {"width", c.width},
+                        {"hidden", c.hidden},
+                        {"batch", c.batch},
+                        {"reps", c.reps},
+                        {"results", rows},
+                        {"sqrt_model", model},
+                        {"sqrt_loglog_slope", slope}};
   std::ofstream(c.json_path) << out.dump(2) << "\n";
   std::ofstream(c.svg_path) << svg_chart(rows, c.sizes);
   std::printf("\nwrote %s and %s\n", c.json_path.c_str(), c.svg_path.c_str());

@@ -24,8 +24,8 @@
 #include <string>
 #include <vector>
 
-#include "trainmem/cuda.hpp"
 #include "common/stats.hpp"
+#include "trainmem/cuda.hpp"
 
 namespace {
 
@@ -93,7 +93,8 @@ class DirectLt {
     TRAINMEM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
     TRAINMEM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
     const std::uint64_t b_rows = p.trans_b ? p.k : p.n, b_cols = p.trans_b ? p.n : p.k;
-    TRAINMEM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout_a_, type, b_rows, b_cols, static_cast<std::int64_t>(b_rows)));
+    TRAINMEM_CUBLAS_CHECK(
+        cublasLtMatrixLayoutCreate(&layout_a_, type, b_rows, b_cols, static_cast<std::int64_t>(b_rows)));
     TRAINMEM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout_b_, type, p.k, p.m, p.k));
     TRAINMEM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout_c_, type, p.n, p.m, p.n));
     cublasLtMatmulPreference_t preference;
@@ -259,9 +260,10 @@ int main(int argc, char** argv) {
 
     if (!options.json_path.empty()) {
       std::ofstream out(options.json_path);
-      out << "{\n  \"benchmark\": \"cuda_gemm\",\n  \"device\": \"" << props.name << "\",\n  \"sm_count\": "
-          << props.multiProcessorCount << ",\n  \"timing\": \"cudaEvent, median of " << options.samples
-          << " samples of `inner` calls\",\n  \"verified\": " << (ok ? "true" : "false") << ",\n  \"rows\": [\n";
+      out << "{\n  \"benchmark\": \"cuda_gemm\",\n  \"device\": \"" << props.name
+          << "\",\n  \"sm_count\": " << props.multiProcessorCount << ",\n  \"timing\": \"cudaEvent, median of "
+          << options.samples << " samples of `inner` calls\",\n  \"verified\": " << (ok ? "true" : "false")
+          << ",\n  \"rows\": [\n";
       for (std::size_t i = 0; i < rows.size(); ++i) {
         const Row& r = rows[i];
         out << "    {\"m\": " << r.problem.m << ", \"n\": " << r.problem.n << ", \"k\": " << r.problem.k

@@ -32,8 +32,8 @@
 #include <string>
 #include <vector>
 
-#include "trainmem/cuda.hpp"
 #include "common/stats.hpp"
+#include "trainmem/cuda.hpp"
 
 namespace {
 
@@ -104,7 +104,9 @@ Var run_blocks(Schedule schedule, tmem::Tape<Gpu>& tape, const std::vector<tmem:
   if (schedule == Schedule::Selective) options.policy = tmem::policy::save_matmuls();
   for (const auto& block : blocks) {
     if (schedule == Schedule::Plain) h = block(h);
-    else h = tmem::checkpoint(tape, options, [&block](const Var& x) { return block(x); }, h);
+    else
+      h = tmem::checkpoint(
+          tape, options, [&block](const Var& x) { return block(x); }, h);
   }
   return h;
 }
@@ -128,8 +130,7 @@ std::unique_ptr<Run> make_run(const Config& c, tmem::DType precision, Schedule s
   run->schedule = schedule;
   tmem::nn::Init init(2026);
   for (std::int64_t i = 0; i < c.layers; ++i)
-    run->blocks.emplace_back(c.dim, c.heads, 4 * c.dim, init, c.dropout, tmem::DType::F32,
-                             "block" + std::to_string(i));
+    run->blocks.emplace_back(c.dim, c.heads, 4 * c.dim, init, c.dropout, tmem::DType::F32, "block" + std::to_string(i));
   std::vector<Var> params;
   for (const auto& block : run->blocks)
     for (const auto& p : block.parameters()) params.push_back(p);
@@ -234,17 +235,17 @@ int main(int argc, char** argv) {
     if (!c.json_path.empty()) {
       std::ofstream out(c.json_path);
       out << "{\n  \"benchmark\": \"cuda_train_step\",\n  \"device\": \"" << props.name << "\",\n  \"config\": {"
-          << "\"layers\": " << c.layers << ", \"batch\": " << c.batch << ", \"seq\": " << c.seq << ", \"dim\": " << c.dim
-          << ", \"heads\": " << c.heads << ", \"hidden\": " << 4 * c.dim << ", \"dropout\": " << c.dropout
-          << ", \"steps\": " << c.steps << ", \"warmup\": " << c.warmup << "},\n  \"first_steps_consistent\": "
-          << (consistent ? "true" : "false") << ",\n  \"bf16_speedup_over_f32\": " << f32_plain / bf16_plain
-          << ",\n  \"runs\": [\n";
+          << "\"layers\": " << c.layers << ", \"batch\": " << c.batch << ", \"seq\": " << c.seq
+          << ", \"dim\": " << c.dim << ", \"heads\": " << c.heads << ", \"hidden\": " << 4 * c.dim
+          << ", \"dropout\": " << c.dropout << ", \"steps\": " << c.steps << ", \"warmup\": " << c.warmup
+          << "},\n  \"first_steps_consistent\": " << (consistent ? "true" : "false")
+          << ",\n  \"bf16_speedup_over_f32\": " << f32_plain / bf16_plain << ",\n  \"runs\": [\n";
       for (std::size_t i = 0; i < runs.size(); ++i) {
         const Run& r = *runs[i];
         const double plain = benchmarks::median(find(r.precision, Schedule::Plain).step_ms);
         out << "    {\"precision\": \"" << tmem::name_of(r.precision) << "\", \"schedule\": \"" << name_of(r.schedule)
-            << "\", \"median_ms\": " << benchmarks::median(r.step_ms) << ", \"over_plain\": " << benchmarks::median(r.step_ms) / plain
-            << ", \"step_ms\": [";
+            << "\", \"median_ms\": " << benchmarks::median(r.step_ms)
+            << ", \"over_plain\": " << benchmarks::median(r.step_ms) / plain << ", \"step_ms\": [";
         for (std::size_t s = 0; s < r.step_ms.size(); ++s) out << (s ? ", " : "") << r.step_ms[s];
         out << "], \"first_loss\": " << r.first_loss << ", \"first_grad_norm2\": " << r.first_grad_norm2
             << ", \"peak_total_bytes\": " << r.peak_total << ", \"peak_bytes\": {";
@@ -255,20 +256,20 @@ int main(int argc, char** argv) {
       out << "  ]\n}\n";
     }
 
-    std::printf("cuda_train_step on %s: %lld x TransformerBlock(dim %lld, heads %lld, hidden %lld), batch %lld x %lld "
-                "tokens, median of %d steps\n",
-                props.name, static_cast<long long>(c.layers), static_cast<long long>(c.dim),
-                static_cast<long long>(c.heads), static_cast<long long>(4 * c.dim), static_cast<long long>(c.batch),
-                static_cast<long long>(c.seq), c.steps);
-    std::printf("%-5s %-9s %10s %8s %12s %12s %12s\n", "prec", "schedule", "step ms", "/plain", "peak GiB",
-                "saved GiB", "param+opt GiB");
+    std::printf(
+        "cuda_train_step on %s: %lld x TransformerBlock(dim %lld, heads %lld, hidden %lld), batch %lld x %lld "
+        "tokens, median of %d steps\n",
+        props.name, static_cast<long long>(c.layers), static_cast<long long>(c.dim), static_cast<long long>(c.heads),
+        static_cast<long long>(4 * c.dim), static_cast<long long>(c.batch), static_cast<long long>(c.seq), c.steps);
+    std::printf("%-5s %-9s %10s %8s %12s %12s %12s\n", "prec", "schedule", "step ms", "/plain", "peak GiB", "saved GiB",
+                "param+opt GiB");
     for (const auto& run : runs) {
       const Run& r = *run;
       const double plain = benchmarks::median(find(r.precision, Schedule::Plain).step_ms);
       const auto cat = [&](tmem::MemCategory k) { return r.peak[static_cast<std::size_t>(k)]; };
       std::printf("%-5s %-9s %10.2f %8.3f %12.2f %12.2f %12.2f\n", std::string(tmem::name_of(r.precision)).c_str(),
-                  name_of(r.schedule), benchmarks::median(r.step_ms), benchmarks::median(r.step_ms) / plain, gib(r.peak_total),
-                  gib(cat(tmem::MemCategory::SavedActivation)),
+                  name_of(r.schedule), benchmarks::median(r.step_ms), benchmarks::median(r.step_ms) / plain,
+                  gib(r.peak_total), gib(cat(tmem::MemCategory::SavedActivation)),
                   gib(cat(tmem::MemCategory::Parameter) + cat(tmem::MemCategory::OptimizerState)));
     }
     std::printf("bf16 speed-up over f32 (plain): %.2fx; first steps consistent across schedules: %s\n",

@@ -47,8 +47,8 @@
 #include <string>
 #include <vector>
 
-#include "trainmem/backend/cpu/backend.hpp"
 #include "common/stats.hpp"
+#include "trainmem/backend/cpu/backend.hpp"
 
 namespace {
 
@@ -166,29 +166,34 @@ std::vector<Row> bench_shape(const Shape3& s, int reps, int warmup, bool native_
   // The path a GEMM of this dtype takes with `path` forced (GemmPath::Auto: trainmem's rule).
   auto path_taken = [&](tmem::DType dtype, tmem::cpu::GemmPath path) {
     tmem::cpu::force_gemm_path(path);
-    std::string name = tmem::visit_floating(dtype, "gemm", [&]<class T>() {
-      return std::string(tmem::cpu::detail::gemm_path_name<T, T>(args));
-    });
+    std::string name = tmem::visit_floating(
+        dtype, "gemm", [&]<class T>() { return std::string(tmem::cpu::detail::gemm_path_name<T, T>(args)); });
     tmem::cpu::force_gemm_path(tmem::cpu::GemmPath::Auto);
     return name;
   };
   std::vector<Case> cases;
   const std::pair<tmem::cpu::GemmPath, const char*> paths[] = {{tmem::cpu::GemmPath::Auto, "trainmem"},
-                                                             {tmem::cpu::GemmPath::Eigen, "trainmem/eigen"},
-                                                             {tmem::cpu::GemmPath::OneDnn, "trainmem/onednn"}};
+                                                               {tmem::cpu::GemmPath::Eigen, "trainmem/eigen"},
+                                                               {tmem::cpu::GemmPath::OneDnn, "trainmem/onednn"}};
   for (tmem::DType dtype : {tmem::DType::F32, tmem::DType::BF16, tmem::DType::F16})
     for (const auto& [path, impl] : paths) {
       const std::string taken = path_taken(dtype, path);
       if (path == tmem::cpu::GemmPath::OneDnn && taken != "onednn") continue;  // no oneDNN kernel for it
       TensorT a = make_tensor(backend, s.m, s.k, av, dtype), b = make_tensor(backend, s.k, s.n, bv, dtype);
       TensorT c = TensorT::empty({s.m, s.n}, dtype, tmem::MemCategory::Temporary, backend);
-      cases.push_back({dtype, impl, taken,
+      cases.push_back({dtype,
+                       impl,
+                       taken,
                        [&backend, args, a, b, c, path] {
                          tmem::cpu::force_gemm_path(path);
                          backend.gemm(args, a, b, c);
                          tmem::cpu::force_gemm_path(tmem::cpu::GemmPath::Auto);
                        },
-                       a.data(), b.data(), c.data(), true, {}});
+                       a.data(),
+                       b.data(),
+                       c.data(),
+                       true,
+                       {}});
     }
   // Eigen's own F32 product (its parallel GEMM), for reference.
   EigenProduct<float> f32(s, av, bv);
@@ -212,11 +217,25 @@ std::vector<Row> bench_shape(const Shape3& s, int reps, int warmup, bool native_
   auto half = native_half ? std::make_unique<EigenProduct<Eigen::half>>(s, av, bv) : nullptr;
   const std::size_t first_native = cases.size();
   if (bf16)
-    cases.push_back({tmem::DType::BF16, "eigen", "eigen16", [m = bf16.get()] { m->run(); }, bf16->a.data(), bf16->b.data(),
-                     bf16->c.data(), false, {}});
+    cases.push_back({tmem::DType::BF16,
+                     "eigen",
+                     "eigen16",
+                     [m = bf16.get()] { m->run(); },
+                     bf16->a.data(),
+                     bf16->b.data(),
+                     bf16->c.data(),
+                     false,
+                     {}});
   if (half)
-    cases.push_back({tmem::DType::F16, "eigen", "eigen16", [m = half.get()] { m->run(); }, half->a.data(), half->b.data(),
-                     half->c.data(), false, {}});
+    cases.push_back({tmem::DType::F16,
+                     "eigen",
+                     "eigen16",
+                     [m = half.get()] { m->run(); },
+                     half->a.data(),
+                     half->b.data(),
+                     half->c.data(),
+                     false,
+                     {}});
   for (std::size_t i = first_native; i < cases.size(); ++i)
     for (int r = 0; r < 1 + reps; ++r) {
       const double t = seconds_of(cases[i].run);
@@ -299,12 +318,13 @@ void check_one(Backend& backend, tmem::DType in_dtype, tmem::DType out_dtype, tm
   const bool ok = worst <= 1.0;
   if (!ok) ++result.failures;
   if (!ok || std::getenv("GEMM_CHECK_VERBOSE"))
-    std::printf("  %s %-4s->%-4s m=%lld n=%lld k=%lld tA=%d tB=%d batch=%lld strideA=%s strideB=%s alpha=%g beta=%g"
-                "  worst err/tol=%.3f\n",
-                ok ? "ok  " : "FAIL", std::string(tmem::name_of(in_dtype)).c_str(),
-                std::string(tmem::name_of(out_dtype)).c_str(), static_cast<long long>(g.m), static_cast<long long>(g.n),
-                static_cast<long long>(g.k), g.trans_a, g.trans_b, static_cast<long long>(g.batch),
-                shared_a ? "0" : "mk", g.stride_b == 0 ? "0" : "kn", g.alpha, g.beta, worst);
+    std::printf(
+        "  %s %-4s->%-4s m=%lld n=%lld k=%lld tA=%d tB=%d batch=%lld strideA=%s strideB=%s alpha=%g beta=%g"
+        "  worst err/tol=%.3f\n",
+        ok ? "ok  " : "FAIL", std::string(tmem::name_of(in_dtype)).c_str(),
+        std::string(tmem::name_of(out_dtype)).c_str(), static_cast<long long>(g.m), static_cast<long long>(g.n),
+        static_cast<long long>(g.k), g.trans_a, g.trans_b, static_cast<long long>(g.batch), shared_a ? "0" : "mk",
+        g.stride_b == 0 ? "0" : "kn", g.alpha, g.beta, worst);
 }
 
 int run_check(tmem::cpu::GemmPath path) {
@@ -313,10 +333,11 @@ int run_check(tmem::cpu::GemmPath path) {
   std::mt19937_64 rng(7);
   CheckResult result;
   const std::vector<std::pair<tmem::DType, tmem::DType>> dtype_pairs = {
-      {tmem::DType::F64, tmem::DType::F64},   {tmem::DType::F32, tmem::DType::F32},  {tmem::DType::BF16, tmem::DType::BF16},
-      {tmem::DType::F16, tmem::DType::F16},   {tmem::DType::BF16, tmem::DType::F32}, {tmem::DType::F16, tmem::DType::F32},
-      {tmem::DType::F32, tmem::DType::BF16},  {tmem::DType::F32, tmem::DType::F16},  {tmem::DType::BF16, tmem::DType::F16},
-      {tmem::DType::F16, tmem::DType::BF16}};
+      {tmem::DType::F64, tmem::DType::F64},   {tmem::DType::F32, tmem::DType::F32},
+      {tmem::DType::BF16, tmem::DType::BF16}, {tmem::DType::F16, tmem::DType::F16},
+      {tmem::DType::BF16, tmem::DType::F32},  {tmem::DType::F16, tmem::DType::F32},
+      {tmem::DType::F32, tmem::DType::BF16},  {tmem::DType::F32, tmem::DType::F16},
+      {tmem::DType::BF16, tmem::DType::F16},  {tmem::DType::F16, tmem::DType::BF16}};
   // Odd sizes exercise conversion tails. 600x48x80 is split over two threads (when
   // there are two), each with two row blocks; a batch of three 300-row entries puts
   // one entry on both sides of the thread boundary; k = 0 leaves beta C.
@@ -409,8 +430,8 @@ int main(int argc, char** argv) {
     const bool ok = r.error <= r.tolerance;
     all_ok = all_ok && ok;
     std::printf("%-15s %-5s %-16s %-7s %9.1f %10.3f %8.3f %8.3f %5d %8.3fx %9.2e %8.1e%s\n", r.shape.name().c_str(),
-                std::string(tmem::name_of(r.dtype)).c_str(), r.impl.c_str(), r.path.c_str(), r.gflops, r.median_ms, r.min_ms, r.max_ms,
-                r.reps, r.ratio, r.error, r.tolerance, ok ? "" : "  WRONG");
+                std::string(tmem::name_of(r.dtype)).c_str(), r.impl.c_str(), r.path.c_str(), r.gflops, r.median_ms,
+                r.min_ms, r.max_ms, r.reps, r.ratio, r.error, r.tolerance, ok ? "" : "  WRONG");
   }
   if (!eigen_half_large && !no_eigen)
     std::printf("(Eigen's half GEMM is not timed at 8192x768x768, ~30 s a rep here; --eigen-half-large adds it)\n");

@@ -21,8 +21,8 @@
 #include <string>
 #include <vector>
 
-#include "trainmem/trainmem.hpp"
 #include "common/stats.hpp"
+#include "trainmem/trainmem.hpp"
 
 namespace tmem = trainmem;
 using B = tmem::cpu::Backend;
@@ -63,13 +63,13 @@ int main(int argc, char** argv) {
       {"matmul", [](const Var& y, const Var& w, const Var&, const Var&) { return tmem::matmul(y, w); }},
       {"linear", [](const Var& y, const Var& w, const Var& v, const Var&) { return tmem::linear(y, w, v); }},
       {"softmax", [](const Var& y, const Var&, const Var&, const Var&) { return tmem::softmax(y); }},
-      {"layer_norm",
-       [](const Var& y, const Var&, const Var& v, const Var& v2) { return tmem::layer_norm(y, v, v2); }},
+      {"layer_norm", [](const Var& y, const Var&, const Var& v, const Var& v2) { return tmem::layer_norm(y, v, v2); }},
   };
 
-  std::printf("trainmem host time per op, forward + backward, [4, 4] F32 tensors, chains of %d ops, "
-              "median of %d steps\n\n%-12s %14s %14s\n",
-              chain, reps, "op", "us per op", "best us");
+  std::printf(
+      "trainmem host time per op, forward + backward, [4, 4] F32 tensors, chains of %d ops, "
+      "median of %d steps\n\n%-12s %14s %14s\n",
+      chain, reps, "op", "us per op", "best us");
   nlohmann::json out = nlohmann::json::array();
   for (const auto& op : cases) {
     std::vector<double> per_op_us;
@@ -89,11 +89,17 @@ int main(int argc, char** argv) {
     }
     const double med = benchmarks::median(per_op_us), best = *std::min_element(per_op_us.begin(), per_op_us.end());
     std::printf("%-12s %14.3f %14.3f\n", op.name.c_str(), med, best);
-    out.push_back({{"op", op.name}, {"us_per_op_median", med}, {"us_per_op_best", best}, {"chain", chain},
-                   {"reps", reps}, {"side", "trainmem"}});
+    out.push_back({{"op", op.name},
+                   {"us_per_op_median", med},
+                   {"us_per_op_best", best},
+                   {"chain", chain},
+                   {"reps", reps},
+                   {"side", "trainmem"}});
   }
-  std::printf("\n(per op: forward, its node and saved tensors, and its share of backward; the sum at the end\n"
-              "and the tape's clear are included, 1/%d of a step each)\n", chain);
+  std::printf(
+      "\n(per op: forward, its node and saved tensors, and its share of backward; the sum at the end\n"
+      "and the tape's clear are included, 1/%d of a step each)\n",
+      chain);
   if (!json_path.empty()) {
     std::ofstream file(json_path);
     if (!file) {

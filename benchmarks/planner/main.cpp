@@ -63,9 +63,11 @@ std::vector<std::pair<std::string, Segments>> hand_schedules(std::int64_t n) {
   std::vector<std::pair<std::string, Segments>> out;
   out.push_back({"none", {{0, n, M::Keep}}});
   Segments each, selective;
-  for (std::int64_t k = 0; k < n; ++k) each.push_back({k, k + 1, M::Recompute}), selective.push_back({k, k + 1, M::Selective});
+  for (std::int64_t k = 0; k < n; ++k)
+    each.push_back({k, k + 1, M::Recompute}), selective.push_back({k, k + 1, M::Selective});
   out.push_back({"every_block", each});
-  for (std::int64_t k = 2; k <= n / 2; k *= 2) out.push_back({"every_" + std::to_string(k), sequential(n, n / k, M::Recompute)});
+  for (std::int64_t k = 2; k <= n / 2; k *= 2)
+    out.push_back({"every_" + std::to_string(k), sequential(n, n / k, M::Recompute)});
   out.push_back({"sqrt_n", sequential(n, tmem::sqrt_segments(n), M::Recompute)});
   out.push_back({"selective", selective});
   for (std::int64_t k = 2; k <= 8 && k <= n / 2; k *= 2)
@@ -89,7 +91,8 @@ void run_model(const std::string& name, const Model& model, const Config& c, nlo
     std::int64_t bytes;
   };
   std::vector<Budget> budgets;
-  for (double f : {0.5, 0.25, 0.1}) budgets.push_back({f, static_cast<std::int64_t>(f * static_cast<double>(plain_saved))});
+  for (double f : {0.5, 0.25, 0.1})
+    budgets.push_back({f, static_cast<std::int64_t>(f * static_cast<double>(plain_saved))});
   const std::int64_t least = planner.smallest_budget(tmem::MemChannel::Saved);
   budgets.push_back({static_cast<double>(least) / static_cast<double>(plain_saved), least});
 
@@ -108,17 +111,24 @@ void run_model(const std::string& name, const Model& model, const Config& c, nlo
     const tmem::PlanPrediction p = tmem::predict(profile, segments);
     entries.push_back({schedule, segments, p.peak[1], p.peak[0], {}, {}, -1, 0.0});
   }
-  std::printf("\n%s: %lld stages, profiled in %.1f s; plain step: peak saved %lld B, whole step %lld B, model state %lld B\n",
-              name.c_str(), static_cast<long long>(n), profile_s, static_cast<long long>(plain_saved),
-              static_cast<long long>(profile.plain_peak[0]), static_cast<long long>(profile.model_state));
+  std::printf(
+      "\n%s: %lld stages, profiled in %.1f s; plain step: peak saved %lld B, whole step %lld B, model state %lld B\n",
+      name.c_str(), static_cast<long long>(n), profile_s, static_cast<long long>(plain_saved),
+      static_cast<long long>(profile.plain_peak[0]), static_cast<long long>(profile.model_state));
   for (std::size_t b = 0; b < budgets.size(); ++b) {
     const auto s0 = std::chrono::steady_clock::now();
     try {
       const tmem::CheckpointPlan<B> plan = planner.plan(tmem::Budget::saved_activations(budgets[b].bytes));
       const double solve_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s0).count();
       std::printf("%s", plan.str().c_str());
-      entries.push_back({"planner", plan.segments(), plan.prediction().peak[1], plan.prediction().peak[0], {}, {},
-                         static_cast<int>(b), solve_ms});
+      entries.push_back({"planner",
+                         plan.segments(),
+                         plan.prediction().peak[1],
+                         plan.prediction().peak[0],
+                         {},
+                         {},
+                         static_cast<int>(b),
+                         solve_ms});
       solves.push_back({{"model", name}, {"stages", n}, {"budget_bytes", budgets[b].bytes}, {"solve_ms", solve_ms}});
     } catch (const tmem::Error& e) {
       std::printf("budget %.3f: %s\n", budgets[b].fraction, e.what());
@@ -181,16 +191,20 @@ void run_model(const std::string& name, const Model& model, const Config& c, nlo
   if (n >= 8) {
     tmem::ChainProfile big = profile;
     big.stages.clear();
-    while (big.stages.size() < 1024) big.stages.push_back(profile.stages[1 + big.stages.size() % static_cast<std::size_t>(n - 2)]);
+    while (big.stages.size() < 1024)
+      big.stages.push_back(profile.stages[1 + big.stages.size() % static_cast<std::size_t>(n - 2)]);
     const std::int64_t plain_big = tmem::predict(big, {{0, 1024, tmem::StageMode::Keep}}).peak[1];
     for (double f : {0.5, 0.25, 0.1}) {
       const auto s0 = std::chrono::steady_clock::now();
-      const tmem::PlanSolution s =
-          tmem::solve_chain(big, tmem::MemChannel::Saved, static_cast<std::int64_t>(f * static_cast<double>(plain_big)));
+      const tmem::PlanSolution s = tmem::solve_chain(big, tmem::MemChannel::Saved,
+                                                     static_cast<std::int64_t>(f * static_cast<double>(plain_big)));
       const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s0).count();
-      std::printf("  solve, 1024 stages of %s at %.2f of plain saved: %.1f ms (%s, %zu segments)\n", name.c_str(), f, ms,
-                  s.feasible ? "feasible" : "infeasible", s.segments.size());
-      solves.push_back({{"model", name + " x1024"}, {"stages", 1024}, {"budget_fraction", f}, {"solve_ms", ms},
+      std::printf("  solve, 1024 stages of %s at %.2f of plain saved: %.1f ms (%s, %zu segments)\n", name.c_str(), f,
+                  ms, s.feasible ? "feasible" : "infeasible", s.segments.size());
+      solves.push_back({{"model", name + " x1024"},
+                        {"stages", 1024},
+                        {"budget_fraction", f},
+                        {"solve_ms", ms},
                         {"feasible", s.feasible}});
     }
   }
@@ -213,8 +227,9 @@ int main(int argc, char** argv) {
   app.add_option("--seq-batch", c.seq_batch, "transformer: sequences per batch");
   CLI11_PARSE(app, argc, argv);
   const int threads = benchmarks::cpu_threads();
-  std::printf("checkpoint planner vs hand schedules, f32, %d threads, median of %d steps, budgets on saved activations\n",
-              threads, c.reps);
+  std::printf(
+      "checkpoint planner vs hand schedules, f32, %d threads, median of %d steps, budgets on saved activations\n",
+      threads, c.reps);
   nlohmann::json rows = nlohmann::json::array(), solves = nlohmann::json::array();
   for (const std::string& m : c.models) {
     if (m == "mlp64" || m == "mlp256") {
@@ -231,11 +246,20 @@ int main(int argc, char** argv) {
   const std::time_t now = std::time(nullptr);
   char date[32];
   std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
-  const nlohmann::json out = {{"benchmark", "planner"}, {"date", date}, {"threads", threads}, {"reps", c.reps},
+  const nlohmann::json out = {{"benchmark", "planner"},
+                              {"date", date},
+                              {"threads", threads},
+                              {"reps", c.reps},
                               {"mlp", {{"width", c.width}, {"hidden", c.hidden}, {"batch", c.batch}}},
-                              {"transformer", {{"blocks", c.blocks}, {"dim", c.dim}, {"heads", c.heads},
-                                               {"tokens", c.tokens}, {"batch", c.seq_batch}, {"vocab", c.vocab}}},
-                              {"results", rows}, {"solves", solves}};
+                              {"transformer",
+                               {{"blocks", c.blocks},
+                                {"dim", c.dim},
+                                {"heads", c.heads},
+                                {"tokens", c.tokens},
+                                {"batch", c.seq_batch},
+                                {"vocab", c.vocab}}},
+                              {"results", rows},
+                              {"solves", solves}};
   std::ofstream(c.json_path) << out.dump(2) << "\n";
   std::printf("\nwrote %s\n", c.json_path.c_str());
   return 0;

@@ -200,10 +200,8 @@ json peak_neighbourhood(const std::vector<tmem::MemoryStats::TimelineEntry>& eve
     if (events[i].live_total > events[peak].live_total) peak = i;
   std::string phase = "?";
   for (std::size_t i = 0; i <= peak; ++i) {
-    if (events[i].event == tmem::MemoryStats::Event::Mark)
-      phase = events[i].label;
-    else
-      live[std::string(tmem::name_of(events[i].category))] += events[i].bytes;
+    if (events[i].event == tmem::MemoryStats::Event::Mark) phase = events[i].label;
+    else live[std::string(tmem::name_of(events[i].category))] += events[i].bytes;
   }
   static constexpr const char* kEventNames[] = {"alloc", "free", "retag", "mark"};
   json window = json::array();
@@ -268,10 +266,8 @@ int main(int argc, char** argv) {
   B& backend = B::default_instance();
   tmem::nn::Init init(seed);
   std::unique_ptr<Model> model;
-  if (transformer)
-    model = std::make_unique<TransformerStack>(s, init);
-  else
-    model = std::make_unique<MlpChain>(s, init);
+  if (transformer) model = std::make_unique<TransformerStack>(s, init);
+  else model = std::make_unique<MlpChain>(s, init);
 
   // The batch: N(0, 1) inputs and uniform labels, from their own streams.
   tmem::nn::Init data_init(seed + 1);
@@ -448,8 +444,8 @@ int main(int argc, char** argv) {
       "trainmem %s %s: loss %.6f -> %.6f, median step %.2f ms (fwd "
       "%.2f bwd %.2f opt %.2f), peak %.1f MiB "
       "(MemoryStats), peak RSS %.1f MiB, %d threads\n",
-      model_name.c_str(), config.c_str(), losses.front(), losses.back(), benchmarks::median(step_ms), benchmarks::median(forward_ms),
-      benchmarks::median(backward_ms), benchmarks::median(optimizer_ms), static_cast<double>(mem.peak_total()) / (1 << 20),
-      static_cast<double>(hwm) / (1 << 20), threads);
+      model_name.c_str(), config.c_str(), losses.front(), losses.back(), benchmarks::median(step_ms),
+      benchmarks::median(forward_ms), benchmarks::median(backward_ms), benchmarks::median(optimizer_ms),
+      static_cast<double>(mem.peak_total()) / (1 << 20), static_cast<double>(hwm) / (1 << 20), threads);
   return 0;
 }

@@ -95,7 +95,7 @@ class CharTransformer {
     positions_ = std::make_unique<tmem::nn::Embedding<B>>(c.context, c.dim, init, 0.02, dtype, "positions");
     for (std::int64_t i = 0; i < c.depth; ++i)
       blocks_.push_back(std::make_unique<tmem::nn::TransformerBlock<B>>(c.dim, c.heads, 4 * c.dim, init, 0.0f, dtype,
-                                                                      "block" + std::to_string(i)));
+                                                                        "block" + std::to_string(i)));
     final_ln_ = std::make_unique<tmem::nn::LayerNorm<B>>(c.dim, 1e-5, dtype, "ln_f");
     head_ = std::make_unique<tmem::nn::Linear<B>>(c.dim, vocabulary, init, true, dtype, "head");
   }
@@ -106,8 +106,9 @@ class CharTransformer {
     std::vector<std::int32_t> positions(static_cast<std::size_t>(n * t));
     for (std::int64_t i = 0; i < n * t; ++i) positions[i] = static_cast<std::int32_t>(i % t);
     const std::vector<std::int32_t> tokens = host_ids(ids);
-    return tmem::reshape(tmem::add(lookup(tape, tokens_->weight(), tokens), lookup(tape, positions_->weight(), positions)),
-                       tmem::Shape{n, t, config_.dim});
+    return tmem::reshape(
+        tmem::add(lookup(tape, tokens_->weight(), tokens), lookup(tape, positions_->weight(), positions)),
+        tmem::Shape{n, t, config_.dim});
   }
 
   /// One stage per block, then LayerNorm + head: logits [n * t, vocabulary].
@@ -193,8 +194,9 @@ struct Training {
   /// One optimizer step on `b` under the run's checkpoint schedule.
   examples::StepOutcome step(const Batch& b) {
     return examples::train_step(
-        tape, model, stages, b.inputs, [&](const tmem::Var<B>& logits) { return tmem::cross_entropy(logits, b.targets); },
-        settings.checkpoint, runner);
+        tape, model, stages, b.inputs,
+        [&](const tmem::Var<B>& logits) { return tmem::cross_entropy(logits, b.targets); }, settings.checkpoint,
+        runner);
   }
 
   examples::MemorySettings settings;
@@ -309,8 +311,8 @@ int main(int argc, char** argv) {
     // The last 10% of the text is held out: its loss shows whether the model generalises.
     const std::int64_t split = text.size() * 9 / 10;
     tmem::detail::check(split - config.context - 1 > 0 && text.size() - split - config.context - 1 > 0, "text file ",
-                      text_path.string(), ": ", text.size(), " characters is too short for windows of ", config.context,
-                      " (need more than ", 10 * (config.context + 1), ")");
+                        text_path.string(), ": ", text.size(), " characters is too short for windows of ",
+                        config.context, " (need more than ", 10 * (config.context + 1), ")");
 
     // The plain F32 step of the same model, measured first (while no other model is alive)
     // so the memory table can put the chosen settings next to it.
@@ -319,7 +321,8 @@ int main(int argc, char** argv) {
       Training plain_run(config, text.vocabulary(), seed, plain, lr, weight_decay);
       std::mt19937_64 plain_rng(seed);
       const Batch b = make_batch(text.ids(), random_starts(plain_rng, batch, 0, split, config.context), config.context);
-      return examples::measure_steady_step(B::default_instance().memory(), [&] { plain_run.step(b); }, false);
+      return examples::measure_steady_step(
+          B::default_instance().memory(), [&] { plain_run.step(b); }, false);
     }();
 
     Training run(config, text.vocabulary(), seed, settings, lr, weight_decay);
@@ -353,14 +356,13 @@ int main(int argc, char** argv) {
         ++loss_count;
       };
       // The second step is measured (the first allocates the optimizer state).
-      if (step == 1)
-        step_memory = examples::measure_step(B::default_instance().memory(), one_step, false);
-      else
-        one_step();
+      if (step == 1) step_memory = examples::measure_step(B::default_instance().memory(), one_step, false);
+      else one_step();
       if ((step + 1) % log_every == 0 || step + 1 == steps) {
         const double seconds = std::chrono::duration<double>(Clock::now() - window_start).count();
         std::printf("step %5lld  train loss %.4f  held-out loss %.4f  %.0f chars/s\n", static_cast<long long>(step + 1),
-                    loss_sum / static_cast<double>(loss_count), held_out_loss(run.tape, run.model, text.ids(), held_out, batch),
+                    loss_sum / static_cast<double>(loss_count),
+                    held_out_loss(run.tape, run.model, text.ids(), held_out, batch),
                     static_cast<double>(loss_count * batch * config.context) / seconds);
         std::fflush(stdout);
         loss_sum = 0.0;

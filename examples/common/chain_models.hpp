@@ -44,14 +44,16 @@ struct ResidualMlpChain {
       norm.emplace_back(width, 1e-5, tmem::DType::F32, "norm" + std::to_string(i));
     }
     for (int i = 0; i < n; ++i)
-      stages.push_back([this, i](const tmem::Var<B>& x) { return tmem::add(x, down[i](tmem::gelu(up[i](norm[i](x))))); });
+      stages.push_back(
+          [this, i](const tmem::Var<B>& x) { return tmem::add(x, down[i](tmem::gelu(up[i](norm[i](x))))); });
     for (int i = 0; i < n; ++i) {
       for (auto* l : {&up[i], &down[i]})
         for (auto& p : l->parameters()) params.push_back(p);
       for (auto& p : norm[i].parameters()) params.push_back(p);
     }
     std::vector<float> values(static_cast<std::size_t>(batch * width));
-    for (std::size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(std::sin(0.01 * static_cast<double>(i)));
+    for (std::size_t i = 0; i < values.size(); ++i)
+      values[i] = static_cast<float>(std::sin(0.01 * static_cast<double>(i)));
     input = tmem::Tensor<B>::from_host({batch, width}, values);
   }
   ResidualMlpChain(const ResidualMlpChain&) = delete;
@@ -88,7 +90,7 @@ struct TransformerStack {
                                  "position");
     for (int i = 0; i < blocks; ++i)
       block.push_back(std::make_unique<tmem::nn::TransformerBlock<B>>(dim, heads, hidden, init, 0.0f, tmem::DType::F32,
-                                                                    "block" + std::to_string(i)));
+                                                                      "block" + std::to_string(i)));
     final_ln = std::make_unique<tmem::nn::LayerNorm<B>>(dim, 1e-5, tmem::DType::F32, "ln_f");
     head = std::make_unique<tmem::nn::Linear<B>>(dim, vocab, init, true, tmem::DType::F32, "head");
     stages.push_back([this](const tmem::Var<B>& ids) {

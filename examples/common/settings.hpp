@@ -31,8 +31,8 @@ struct CheckpointSchedule {
     Plan,       // what the checkpoint planner picks for a whole-step budget
   };
   Kind kind = Kind::None;
-  std::int64_t every = 0;  // K, for Kind::Every
-  double plan_fraction = 0.0;  // Kind::Plan: the budget as a fraction of the plain FP32 step's peak
+  std::int64_t every = 0;               // K, for Kind::Every
+  double plan_fraction = 0.0;           // Kind::Plan: the budget as a fraction of the plain FP32 step's peak
   std::vector<trainmem::Segment> plan;  // Kind::Plan: the planner's segments, once planned
 
   bool operator==(const CheckpointSchedule&) const = default;
@@ -40,26 +40,19 @@ struct CheckpointSchedule {
 
 inline std::string_view name_of(Precision p) {
   switch (p) {
-    case Precision::Fp32:
-      return "fp32";
-    case Precision::Bf16:
-      return "bf16";
-    case Precision::Fp16:
-      return "fp16";
+    case Precision::Fp32: return "fp32";
+    case Precision::Bf16: return "bf16";
+    case Precision::Fp16: return "fp16";
   }
   return "?";
 }
 inline std::string_view name_of(Device d) { return d == Device::Cpu ? "cpu" : "cuda"; }
 inline std::string name_of(const CheckpointSchedule& s) {
   switch (s.kind) {
-    case CheckpointSchedule::Kind::None:
-      return "none";
-    case CheckpointSchedule::Kind::Sqrt:
-      return "sqrt";
-    case CheckpointSchedule::Kind::Every:
-      return "every:" + std::to_string(s.every);
-    case CheckpointSchedule::Kind::Selective:
-      return "selective";
+    case CheckpointSchedule::Kind::None: return "none";
+    case CheckpointSchedule::Kind::Sqrt: return "sqrt";
+    case CheckpointSchedule::Kind::Every: return "every:" + std::to_string(s.every);
+    case CheckpointSchedule::Kind::Selective: return "selective";
     case CheckpointSchedule::Kind::Plan: {
       char text[32];
       std::snprintf(text, sizeof text, "plan:%g", s.plan_fraction);

@@ -51,7 +51,8 @@ trainmem::Var<B> run_stages(const std::vector<Stage<B>>& stages, trainmem::Var<B
       return x;
     }
     case CheckpointSchedule::Kind::Plan:  // the planner's segments, through ordinary regions
-      tmem::detail::check(!schedule.plan.empty(), "run_stages: checkpoint ", name_of(schedule), " has not been planned");
+      tmem::detail::check(!schedule.plan.empty(), "run_stages: checkpoint ", name_of(schedule),
+                          " has not been planned");
       return tmem::ChainRunner<B>(stages, schedule.plan)(x);
   }
   return x;
@@ -156,8 +157,8 @@ StepOutcome train_step(trainmem::Tape<B>& tape, const Model& model, const std::v
 
 /// train_step with the stages run by `run` (a planner's profiling or planned runner).
 template <class B, class Model, class LossOf>
-StepOutcome train_step(trainmem::Tape<B>& tape, const Model& model, const trainmem::Tensor<B>& input,
-                       LossOf&& loss_of, const trainmem::ChainRunner<B>& run, PrecisionRunner<B>& precision) {
+StepOutcome train_step(trainmem::Tape<B>& tape, const Model& model, const trainmem::Tensor<B>& input, LossOf&& loss_of,
+                       const trainmem::ChainRunner<B>& run, PrecisionRunner<B>& precision) {
   trainmem::MemoryStats& stats = tape.backend().memory();
   stats.mark("forward");
   StepOutcome outcome;

@@ -51,7 +51,7 @@ using Clock = std::chrono::steady_clock;
 struct Options {
   std::string model = "resmlp";
   MemorySettings settings;
-  int epochs = 0;  // 0: the model's default
+  int epochs = 0;          // 0: the model's default
   std::int64_t batch = 0;  // 0: the model's default
   std::uint64_t seed = 1;
   double lr = 0.0;             // 0: the model's default
@@ -178,7 +178,8 @@ examples::StepOutcome classifier_step(tmem::Tape<B>& tape, const Model& model,
 
 /// Peak bytes of one steady training step of a fresh model under `settings`.
 /// The first o.batch training examples: the batch a memory measurement or a profile steps on.
-void first_batch(const Options& o, const Dataset& train, std::vector<float>& images, std::vector<std::int32_t>& labels) {
+void first_batch(const Options& o, const Dataset& train, std::vector<float>& images,
+                 std::vector<std::int32_t>& labels) {
   std::vector<std::int64_t> first(static_cast<std::size_t>(std::min(o.batch, train.size())));
   std::iota(first.begin(), first.end(), 0);
   train.gather(first.data(), static_cast<std::int64_t>(first.size()), images, labels);
@@ -215,8 +216,8 @@ std::vector<tmem::Segment> plan_schedule(const Options& o, const Dataset& train,
   const auto n = static_cast<std::int64_t>(labels.size());
   const tmem::ChainStep<B> step = [&](const tmem::ChainRunner<B>& run) {
     examples::train_step(
-        tape, model, model.input(images, n), [&](const tmem::Var<B>& logits) { return tmem::cross_entropy(logits, targets); },
-        run, precision);
+        tape, model, model.input(images, n),
+        [&](const tmem::Var<B>& logits) { return tmem::cross_entropy(logits, targets); }, run, precision);
   };
   const auto start = Clock::now();
   const tmem::Planner<B> planner(stages, step);
@@ -392,7 +393,9 @@ int main(int argc, char** argv) {
   Options o;
   std::string precision, checkpoint, device = "cpu";  // empty: the model's default
 
-  CLI::App app{"Train a residual MLP, an MLP or a small vision transformer on Fashion-MNIST and report the memory of a training step."};
+  CLI::App app{
+      "Train a residual MLP, an MLP or a small vision transformer on Fashion-MNIST and report the memory of a training "
+      "step."};
   app.option_defaults()->always_capture_default();
   app.add_option("--model", o.model, "resmlp (residual MLP), mlp or vit (16 patches of 7x7, transformer blocks)")
       ->check(CLI::IsMember({"resmlp", "mlp", "vit"}));
@@ -414,7 +417,8 @@ int main(int argc, char** argv) {
   app.add_option("--lr", o.lr, "peak learning rate (default: 4e-3 for resmlp, 1e-3 for mlp, 2e-3 for vit)")
       ->check(CLI::PositiveNumber)
       ->default_str("");
-  app.add_option("--weight-decay", o.weight_decay, "AdamW weight decay (default: 0.05 for resmlp and vit, 0.01 for mlp)")
+  app.add_option("--weight-decay", o.weight_decay,
+                 "AdamW weight decay (default: 0.05 for resmlp and vit, 0.01 for mlp)")
       ->check(CLI::NonNegativeNumber)
       ->default_str("");
   app.add_option("--out", o.out, "folder for the memory SVG and results JSON");
@@ -431,7 +435,9 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber)
       ->group("Model shape");
   app.add_option("--width", o.resmlp.width, "resmlp: block width")->check(CLI::PositiveNumber)->group("Model shape");
-  app.add_option("--blocks", o.resmlp.blocks, "resmlp: residual blocks")->check(CLI::PositiveNumber)->group("Model shape");
+  app.add_option("--blocks", o.resmlp.blocks, "resmlp: residual blocks")
+      ->check(CLI::PositiveNumber)
+      ->group("Model shape");
   app.add_option("--block-hidden", o.resmlp.hidden, "resmlp: hidden width of each block")
       ->check(CLI::PositiveNumber)
       ->group("Model shape");

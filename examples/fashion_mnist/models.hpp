@@ -98,7 +98,8 @@ class ResMlpClassifier {
     for (std::int64_t i = 0; i < config.blocks; ++i) {
       const std::string name = "block" + std::to_string(i);
       norm_.push_back(std::make_unique<tmem::nn::LayerNorm<B>>(config.width, 1e-5, dtype, name + ".ln"));
-      up_.push_back(std::make_unique<tmem::nn::Linear<B>>(config.width, config.hidden, init, true, dtype, name + ".up"));
+      up_.push_back(
+          std::make_unique<tmem::nn::Linear<B>>(config.width, config.hidden, init, true, dtype, name + ".up"));
       down_.push_back(
           std::make_unique<tmem::nn::Linear<B>>(config.hidden, config.width, init, true, dtype, name + ".down"));
     }
@@ -116,7 +117,9 @@ class ResMlpClassifier {
     std::vector<Stage<B>> s;
     s.push_back([this](const tmem::Var<B>& x) { return tmem::relu((*stem_)(x)); });
     for (std::size_t i = 0; i < up_.size(); ++i)
-      s.push_back([this, i](const tmem::Var<B>& x) { return tmem::add(x, (*down_[i])(tmem::gelu((*up_[i])((*norm_[i])(x))))); });
+      s.push_back([this, i](const tmem::Var<B>& x) {
+        return tmem::add(x, (*down_[i])(tmem::gelu((*up_[i])((*norm_[i])(x)))));
+      });
     s.push_back([this](const tmem::Var<B>& x) { return (*head_)((*final_ln_)(x)); });
     return s;
   }
@@ -166,12 +169,12 @@ class VitClassifier {
     patch_embed_ = std::make_unique<tmem::nn::Linear<B>>(kPatchPixels, config.dim, init, true, dtype, "patch_embed");
     // Learned position embedding, one row of dim per token, flattened so that it adds
     // to [n, tokens * dim] as a row broadcast. N(0, 0.02) as in GPT-2 and ViT.
-    position_ = init.parameter<B>(tmem::Shape{kTokens * config.dim}, init.normal(kTokens * config.dim, 0.0, 0.02), dtype,
-                                  "position");
+    position_ = init.parameter<B>(tmem::Shape{kTokens * config.dim}, init.normal(kTokens * config.dim, 0.0, 0.02),
+                                  dtype, "position");
     for (std::int64_t i = 0; i < config.depth; ++i)
-      blocks_.push_back(std::make_unique<tmem::nn::TransformerBlock<B>>(config.dim, config.heads, config.mlp_hidden, init,
-                                                                      0.0f, dtype, "block" + std::to_string(i),
-                                                                      tmem::nn::Masking::Bidirectional));
+      blocks_.push_back(std::make_unique<tmem::nn::TransformerBlock<B>>(config.dim, config.heads, config.mlp_hidden,
+                                                                        init, 0.0f, dtype, "block" + std::to_string(i),
+                                                                        tmem::nn::Masking::Bidirectional));
     final_ln_ = std::make_unique<tmem::nn::LayerNorm<B>>(config.dim, 1e-5, dtype, "ln_f");
     head_ = std::make_unique<tmem::nn::Linear<B>>(config.dim, kClasses, init, true, dtype, "head");
   }

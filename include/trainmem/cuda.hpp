@@ -6,7 +6,8 @@
 #pragma once
 
 #if !defined(__CUDACC__)
-#error "trainmem/cuda.hpp holds CUDA kernels: include it from a .cu file compiled by nvcc (or include trainmem/trainmem.hpp for the CPU backend)"
+#error \
+    "trainmem/cuda.hpp holds CUDA kernels: include it from a .cu file compiled by nvcc (or include trainmem/trainmem.hpp for the CPU backend)"
 #endif
 
 // Eigen serves the CPU backend on the host only; without this nvcc marks Eigen's

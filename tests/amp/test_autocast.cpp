@@ -12,10 +12,10 @@
 #include <thread>
 #include <vector>
 
-#include <trainmem/trainmem.hpp>
 #include <trainmem/amp/autocast.hpp>
 #include <trainmem/amp/cast_cache.hpp>
 #include <trainmem/optim/sgd.hpp>
+#include <trainmem/trainmem.hpp>
 
 #include "amp_reference.hpp"
 
@@ -27,7 +27,8 @@ namespace {
 
 std::vector<double> ramp(std::int64_t n, double low, double high) {
   std::vector<double> v(static_cast<std::size_t>(n));
-  for (std::int64_t i = 0; i < n; ++i) v[i] = low + (high - low) * static_cast<double>((i * 7) % n) / static_cast<double>(n);
+  for (std::int64_t i = 0; i < n; ++i)
+    v[i] = low + (high - low) * static_cast<double>((i * 7) % n) / static_cast<double>(n);
   return v;
 }
 
@@ -89,7 +90,8 @@ std::vector<OpCase> op_cases() {
       {"log_softmax", one([](auto x) { return tmem::log_softmax(x); }), F32, F32, F32, BF16, F64},
       {"layer_norm",
        [](tmem::Tape<B>& tape, DType d, V& in) {
-         in = {input(tape, tmem::Shape{4, 6}, d), input(tape, tmem::Shape{6}, d, 0.5, 1.5), input(tape, tmem::Shape{6}, d)};
+         in = {input(tape, tmem::Shape{4, 6}, d), input(tape, tmem::Shape{6}, d, 0.5, 1.5),
+               input(tape, tmem::Shape{6}, d)};
          return tmem::layer_norm(in[0], in[1], in[2]);
        },
        F32, F32, F32, BF16, F64},
@@ -115,7 +117,10 @@ std::vector<OpCase> op_cases() {
       {"sigmoid", one([](auto x) { return tmem::sigmoid(x); }), F32, F32, BF16, BF16, F64},
       {"tanh", one([](auto x) { return tmem::tanh(x); }), F32, F32, BF16, BF16, F64},
       {"dropout", one([](auto x) { return tmem::dropout(x, 0.25f); }), F32, F32, BF16, BF16, F64},
-      {"reshape", one([](auto x) { return tmem::reshape(x, tmem::Shape{6, 4}); }), F32, F32, BF16, BF16, F64},
+      {"reshape", one([](auto x) {
+         return tmem::reshape(x, tmem::Shape{6, 4});
+       }),
+       F32, F32, BF16, BF16, F64},
       {"transpose", one([](auto x) { return tmem::transpose(x); }), F32, F32, BF16, BF16, F64},
       {"embedding",
        [](tmem::Tape<B>& tape, DType d, V& in) {

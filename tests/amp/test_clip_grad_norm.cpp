@@ -7,10 +7,10 @@
 #include <limits>
 #include <vector>
 
-#include <trainmem/trainmem.hpp>
 #include <trainmem/amp/grad_scaler.hpp>
 #include <trainmem/optim/clip_grad_norm.hpp>
 #include <trainmem/optim/sgd.hpp>
+#include <trainmem/trainmem.hpp>
 
 #include "test_data.hpp"
 
@@ -45,7 +45,8 @@ TEST_CASE("clip_grad_norm scales every gradient by max_norm / norm when the norm
   CHECK(tmem::optim::clip_grad_norm(params, 100.0) == Approx(6.5).epsilon(1e-6));
 
   // Many elements, several dtypes: against an f64 sum of squares.
-  const auto g1 = tmem::testing::random_values(5000, 3, -2.0, 2.0), g2 = tmem::testing::random_values(777, 4, -1.0, 1.0);
+  const auto g1 = tmem::testing::random_values(5000, 3, -2.0, 2.0),
+             g2 = tmem::testing::random_values(777, 4, -1.0, 1.0);
   auto c = parameter(std::vector<double>(g1.size())), d = parameter(std::vector<double>(g2.size()));
   set_grad(c, g1);
   set_grad(d, g2, DType::BF16);

@@ -11,11 +11,11 @@
 #include <string>
 #include <vector>
 
-#include <trainmem/trainmem.hpp>
 #include <trainmem/amp/grad_scaler.hpp>
 #include <trainmem/amp/master_weights.hpp>
 #include <trainmem/optim/adamw.hpp>
 #include <trainmem/optim/sgd.hpp>
+#include <trainmem/trainmem.hpp>
 
 #include "amp_reference.hpp"
 #include "test_data.hpp"
@@ -92,9 +92,14 @@ struct ScaleRuleModel {
   int growth_interval, hysteresis;
 
   explicit ScaleRuleModel(const tmem::amp::GradScalerOptions& o)
-      : scale(o.init_scale), hysteresis_left(o.hysteresis), growth_factor(o.growth_factor),
-        backoff_factor(o.backoff_factor), min_scale(o.min_scale), max_scale(o.max_scale),
-        growth_interval(o.growth_interval), hysteresis(o.hysteresis) {}
+      : scale(o.init_scale),
+        hysteresis_left(o.hysteresis),
+        growth_factor(o.growth_factor),
+        backoff_factor(o.backoff_factor),
+        min_scale(o.min_scale),
+        max_scale(o.max_scale),
+        growth_interval(o.growth_interval),
+        hysteresis(o.hysteresis) {}
 
   /// One update(): an overflow resets the clean-step count and, once `hysteresis`
   /// overflows have come in a row, halves the scale (never below min_scale); a clean
@@ -156,8 +161,7 @@ enum class StepMode { Step, UnscaleThenStep, StepAsync };
 std::vector<std::vector<unsigned char>> optimizer_bytes(const tmem::optim::Optimizer<B>& opt) {
   std::vector<std::vector<unsigned char>> out;
   for (const auto& e : opt.entries()) {
-    for (const auto* t : {&e.master, &e.state1, &e.state2, &e.step_state})
-      out.push_back(tmem::testing::bytes_of(*t));
+    for (const auto* t : {&e.master, &e.state1, &e.state2, &e.step_state}) out.push_back(tmem::testing::bytes_of(*t));
     out.push_back(tmem::testing::bytes_of(e.param.value()));
   }
   return out;
@@ -268,8 +272,8 @@ TEST_CASE("without loss scaling FP16 gradients underflow; the scaler keeps them"
 
   const double lost_plain = fraction_zero(plain_f16, reference), lost_scaled = fraction_zero(scaled_f16, reference);
   const double lost_bf16 = fraction_zero(bf16, reference);
-  WARN("fraction of nonzero f32 gradient elements that are zero: fp16 autocast unscaled " << lost_plain
-       << ", fp16 with GradScaler (scale 65536) " << lost_scaled << ", bf16 unscaled " << lost_bf16
+  WARN("fraction of nonzero f32 gradient elements that are zero: fp16 autocast unscaled "
+       << lost_plain << ", fp16 with GradScaler (scale 65536) " << lost_scaled << ", bf16 unscaled " << lost_bf16
        << "; relative L2 error of the unscaled fp16 gradients " << relative_l2_error(scaled_f16, reference));
   CHECK(lost_plain > 0.5);
   CHECK(lost_scaled < 0.01);
@@ -301,8 +305,8 @@ TEST_CASE("scale sequence and skip decisions match an independent model; skipped
       for (std::size_t i = 0; i < sync[p].size(); ++i) CHECK(unscaled[p][i] == Approx(sync[p][i]).epsilon(1e-6));
   }
   SECTION("hysteresis 2, min and max scale") {
-    const tmem::amp::GradScalerOptions options{.init_scale = 4096.0, .growth_interval = 3, .min_scale = 2048.0,
-                                               .max_scale = 16384.0, .hysteresis = 2};
+    const tmem::amp::GradScalerOptions options{
+        .init_scale = 4096.0, .growth_interval = 3, .min_scale = 2048.0, .max_scale = 16384.0, .hysteresis = 2};
     const auto sync = run_sequence(options, StepMode::Step);
     const auto async = run_sequence(options, StepMode::StepAsync);
     CHECK(async == sync);
@@ -330,7 +334,7 @@ TEST_CASE("the scaler enforces its per-step protocol", "[amp][grad_scaler]") {
   tmem::amp::GradScaler<B> scaler;
   auto set_grad = [&] { w.set_grad(tmem::Tensor<B>::from_host(tmem::Shape{2}, std::vector<double>{1.0, 1.0})); };
 
-  CHECK_THROWS_AS(scaler.update(), tmem::Error);  // no step recorded
+  CHECK_THROWS_AS(scaler.update(), tmem::Error);   // no step recorded
   CHECK_THROWS_AS(scaler.step(sgd), tmem::Error);  // no gradient
   set_grad();
   scaler.unscale_(sgd);
@@ -375,15 +379,15 @@ TEST_CASE("the scaler is a no-op when disabled, for f32, and for bf16 unless ask
 }
 
 TEST_CASE("scaler state saves and loads exactly, through a map and through text", "[amp][grad_scaler]") {
-  const tmem::amp::GradScalerOptions options{.init_scale = 1024.0, .growth_interval = 3, .min_scale = 4.0,
-                                             .max_scale = 0x1p20, .hysteresis = 2};
+  const tmem::amp::GradScalerOptions options{
+      .init_scale = 1024.0, .growth_interval = 3, .min_scale = 4.0, .max_scale = 0x1p20, .hysteresis = 2};
   auto w = tmem::Var<B>::parameter(tmem::Tensor<B>::from_host(tmem::Shape{1}, std::vector<double>{1.0}));
   tmem::optim::SGD<B> sgd({w}, {.lr = 0.0});
   tmem::amp::GradScaler<B> original(options);
   ScaleRuleModel model(options);
   auto drive = [&](tmem::amp::GradScaler<B>& scaler, bool overflow) {
-    w.set_grad(tmem::Tensor<B>::from_host(tmem::Shape{1},
-                                          std::vector<double>{overflow ? std::numeric_limits<double>::infinity() : 1.0}));
+    w.set_grad(tmem::Tensor<B>::from_host(
+        tmem::Shape{1}, std::vector<double>{overflow ? std::numeric_limits<double>::infinity() : 1.0}));
     scaler.step(sgd);
     scaler.update();
   };

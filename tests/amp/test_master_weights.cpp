@@ -10,10 +10,10 @@
 #include <tuple>
 #include <vector>
 
-#include <trainmem/trainmem.hpp>
 #include <trainmem/amp/master_weights.hpp>
 #include <trainmem/optim/adamw.hpp>
 #include <trainmem/optim/sgd.hpp>
+#include <trainmem/trainmem.hpp>
 
 #include "amp_reference.hpp"
 #include "philox_reference.hpp"
@@ -45,10 +45,11 @@ TEST_CASE("updates below bf16's resolution: a pure-bf16 weight stays put, an f32
   // Pure bf16: the weight, the gradient and the update all in bf16 (trainmem's bf16 ops).
   tmem::Tape<B> tape;
   auto pure = tape.input(tmem::Tensor<B>::from_host(tmem::Shape{4}, std::vector<double>(4, 1.0), DType::BF16));
-  auto step_bf16 = tape.input(tmem::Tensor<B>::from_host(tmem::Shape{4}, std::vector<double>(4, kLr * kGrad), DType::BF16));
+  auto step_bf16 =
+      tape.input(tmem::Tensor<B>::from_host(tmem::Shape{4}, std::vector<double>(4, kLr * kGrad), DType::BF16));
   for (int k = 0; k < kSteps; ++k) pure = tmem::sub(pure, step_bf16);
   CHECK(pure.dtype() == DType::BF16);
-  CHECK(pure.value().to_host<double>() == std::vector<double>(4, 1.0));  // every update rounded away
+  CHECK(pure.value().to_host<double>() == std::vector<double>(4, 1.0));              // every update rounded away
   CHECK(tmem::testing::round_to_significant_bits(1.0 - kLr * grad_bf16, 8) == 1.0);  // why
 
   // f32 masters behind bf16 model weights, SGD over them.
@@ -72,7 +73,7 @@ TEST_CASE("updates below bf16's resolution: a pure-bf16 weight stays put, an f32
     CHECK(model[i] < 0.91);  // moved by ~0.1 where pure bf16 did not move at all
   }
   WARN("after " << kSteps << " updates of " << kLr * kGrad << ": pure bf16 weight " << pure.value().to_host<double>()[0]
-       << ", bf16 weight with f32 master " << model[0] << " (master " << master[0] << ")");
+                << ", bf16 weight with f32 master " << model[0] << " (master " << master[0] << ")");
 }
 
 TEST_CASE("master weights: memory categories and the optimizer writing the model copy", "[amp][master]") {
@@ -98,8 +99,8 @@ TEST_CASE("master weights: memory categories and the optimizer writing the model
   set_constant_grad(weight, 0.5, DType::F16);
   const auto version = weight.value().version();
   adamw.step();
-  CHECK(weight.value().version() > version);  // cast caches recast the model copy
-  CHECK(stats.live(tmem::MemCategory::OptimizerState) >= 8 * n);  // two f32 moments
+  CHECK(weight.value().version() > version);                           // cast caches recast the model copy
+  CHECK(stats.live(tmem::MemCategory::OptimizerState) >= 8 * n);       // two f32 moments
   CHECK(stats.live(tmem::MemCategory::OptimizerState) < 8 * n + 256);  // plus a few scalars
   CHECK(stats.live(tmem::MemCategory::MasterWeight) == 4 * n);
   // First AdamW step: m_hat / sqrt(v_hat) = sign(g), so master = w (1 - lr wd) - lr.
@@ -154,15 +155,16 @@ TEST_CASE("stochastic rounding of the bf16 copy: unbiased, counter-based, reprod
     const auto draw2 = tmem::testing::philox_stream_reference(kSeed, kN, static_cast<std::uint64_t>(i));
     const double expected1 = dropped + (draw1 & 0xffffu) >= 0x10000u ? high : low;
     const double expected2 = dropped + (draw2 & 0xffffu) >= 0x10000u ? high : low;
-    mismatches += (first[static_cast<std::size_t>(i)] != expected1) + (second[static_cast<std::size_t>(i)] != expected2);
+    mismatches +=
+        (first[static_cast<std::size_t>(i)] != expected1) + (second[static_cast<std::size_t>(i)] != expected2);
     ups_first += first[static_cast<std::size_t>(i)] == high;
     ups_second += second[static_cast<std::size_t>(i)] == high;
   }
   CHECK(mismatches == 0);
   const double sigma = std::sqrt(p_up * (1 - p_up) / kN);
   const double frac1 = static_cast<double>(ups_first) / kN, frac2 = static_cast<double>(ups_second) / kN;
-  WARN("stochastic rounding of " << v << ": fraction rounded up " << frac1 << " and " << frac2 << " (expected "
-       << p_up << " +- " << sigma << "); nearest-even would give 0");
+  WARN("stochastic rounding of " << v << ": fraction rounded up " << frac1 << " and " << frac2 << " (expected " << p_up
+                                 << " +- " << sigma << "); nearest-even would give 0");
   CHECK(std::fabs(frac1 - p_up) < 5 * sigma);
   CHECK(std::fabs(frac2 - p_up) < 5 * sigma);
   CHECK(first != second);  // a new stream each step
@@ -173,6 +175,5 @@ TEST_CASE("stochastic rounding of the bf16 copy: unbiased, counter-based, reprod
   CHECK(step(other) != first);
 
   auto w16 = parameter({1.0});
-  CHECK_THROWS_AS(tmem::amp::MasterWeights<B>({w16}, {DType::F16, tmem::RoundingMode::Stochastic, 0}),
-                  tmem::Error);
+  CHECK_THROWS_AS(tmem::amp::MasterWeights<B>({w16}, {DType::F16, tmem::RoundingMode::Stochastic, 0}), tmem::Error);
 }

@@ -65,7 +65,8 @@ Schedule each_block(CheckpointOptions options = {}) {
 }
 
 /// Gradients of every parameter and of the input, as raw floats, after one backward.
-std::vector<std::vector<float>> gradients(Chain& chain, const Schedule& schedule, std::int64_t batch, std::int64_t dim) {
+std::vector<std::vector<float>> gradients(Chain& chain, const Schedule& schedule, std::int64_t batch,
+                                          std::int64_t dim) {
   for (auto& p : chain.parameters()) p.zero_grad();
   Tape<B> tape;
   tape.manual_seed(1234);
@@ -79,29 +80,37 @@ std::vector<std::vector<float>> gradients(Chain& chain, const Schedule& schedule
 
 }  // namespace
 
-TEST_CASE("every schedule gives gradients bitwise identical to the plain run (MLP chain, dropout on)",
-          "[checkpoint]") {
+TEST_CASE("every schedule gives gradients bitwise identical to the plain run (MLP chain, dropout on)", "[checkpoint]") {
   Chain chain(9, 8, 16, 0.25f);
   const auto reference = gradients(chain, run_plain, 4, 8);
   CheckpointOptions selective;
   selective.policy = policy::save_matmuls();
   CheckpointOptions predicate;
-  predicate.policy = policy::save_if([](OpKind kind, std::size_t bytes, double) { return kind == OpKind::Norm && bytes > 100; });
+  predicate.policy =
+      policy::save_if([](OpKind kind, std::size_t bytes, double) { return kind == OpKind::Norm && bytes > 100; });
   const std::vector<std::pair<const char*, Schedule>> schedules = {
       {"every block", each_block()},
       {"sqrt(N) segments", [](Tape<B>& t, const auto& l, const Var<B>& x) { return checkpoint_sequential(t, l, x); }},
       {"every 2", [](Tape<B>& t, const auto& l, const Var<B>& x) { return checkpoint_sequential(t, l, 5, x); }},
-      {"one segment", [](Tape<B>& t, const auto& l, const Var<B>& x) { return checkpoint(t, [&](const Var<B>& h) { return run_plain(t, l, h); }, x); }},
+      {"one segment",
+       [](Tape<B>& t, const auto& l, const Var<B>& x) {
+         return checkpoint(
+             t, [&](const Var<B>& h) { return run_plain(t, l, h); }, x);
+       }},
       {"selective", each_block(selective)},
       {"predicate", each_block(predicate)},
       {"checksum-checked", each_block(CheckpointOptions{policy::recompute_all(), DeterminismCheck::Checksum})},
       {"bitwise-checked", each_block(CheckpointOptions{policy::recompute_all(), DeterminismCheck::Bitwise})},
-      {"nested", [](Tape<B>& t, const auto& l, const Var<B>& x) {
-         return checkpoint(t, [&](const Var<B>& h) {
-           Var<B> y = h;
-           for (const auto& layer : l) y = checkpoint(t, layer, y);
-           return y;
-         }, x);
+      {"nested",
+       [](Tape<B>& t, const auto& l, const Var<B>& x) {
+         return checkpoint(
+             t,
+             [&](const Var<B>& h) {
+               Var<B> y = h;
+               for (const auto& layer : l) y = checkpoint(t, layer, y);
+               return y;
+             },
+             x);
        }},
   };
   for (const auto& [name, schedule] : schedules) {
@@ -135,7 +144,8 @@ TEST_CASE("transformer blocks with dropout: checkpointed gradients are bitwise i
   selective.policy = policy::save_matmuls();
   CHECK(grads(each_block()) == reference);
   CHECK(grads(each_block(selective)) == reference);
-  CHECK(grads([](Tape<B>& t, const auto& l, const Var<B>& x) { return checkpoint_sequential(t, l, 2, x); }) == reference);
+  CHECK(grads([](Tape<B>& t, const auto& l, const Var<B>& x) { return checkpoint_sequential(t, l, 2, x); }) ==
+        reference);
 }
 
 TEST_CASE("a region under bf16 autocast recomputes in bf16 even when backward runs outside the guard",
@@ -191,7 +201,8 @@ TEST_CASE("saved-activation bytes match the closed form for plain, every-block a
     CHECK(all == 8 * boundary_bytes + block_bytes);
   }
   SECTION("sqrt(N) = 3 segments of 3: (k-1) boundaries + the last segment") {
-    const auto [fwd, all] = peak_saved(9, [](Tape<B>& t, const auto& l, const Var<B>& x) { return checkpoint_sequential(t, l, x); });
+    const auto [fwd, all] =
+        peak_saved(9, [](Tape<B>& t, const auto& l, const Var<B>& x) { return checkpoint_sequential(t, l, x); });
     CHECK(fwd == 2 * boundary_bytes + 3 * block_bytes);
     CHECK(all == 2 * boundary_bytes + 3 * block_bytes);
   }
@@ -245,7 +256,8 @@ TEST_CASE("checkpoint_name with save_names keeps the named tensor and skips its 
     named.policy = policy::save_names({"up_out"});
     auto y = use_checkpoint ? checkpoint(tape, named, block, x) : block(x);
     tape.backward(sum(y));
-    return std::vector<std::vector<float>>{x.grad().to_host(), up.weight().grad().to_host(), down.weight().grad().to_host()};
+    return std::vector<std::vector<float>>{x.grad().to_host(), up.weight().grad().to_host(),
+                                           down.weight().grad().to_host()};
   };
   const auto reference = grads(false);
   const auto reused_before = checkpoint_stats().ops_reused;
@@ -266,8 +278,8 @@ TEST_CASE("retain_graph lets a checkpointed graph run backward twice; without it
   tape.backward(loss, {}, false);
   auto twice = x.grad().to_host();
   for (std::size_t i = 0; i < twice.size(); ++i) CHECK(twice[i] == Approx(2.0f * once[0][i]));
-  REQUIRE_THROWS_WITH(tape.backward(loss), Catch::Contains("freed by an earlier backward") &&
-                                               Catch::Contains("retain_graph"));
+  REQUIRE_THROWS_WITH(tape.backward(loss),
+                      Catch::Contains("freed by an earlier backward") && Catch::Contains("retain_graph"));
 }
 
 TEST_CASE("a region input modified in place before backward is detected", "[checkpoint][errors]") {
@@ -376,7 +388,8 @@ TEST_CASE("a region may return several outputs", "[checkpoint]") {
     auto body = [&](const Var<B>& v) { return std::vector<Var<B>>{tanh(a(v)), sigmoid(b(v))}; };
     auto outs = use_checkpoint ? checkpoint(tape, body, x) : body(x);
     tape.backward(sum(mul(outs[0], outs[1])));
-    return std::vector<std::vector<float>>{x.grad().to_host(), a.weight().grad().to_host(), b.weight().grad().to_host()};
+    return std::vector<std::vector<float>>{x.grad().to_host(), a.weight().grad().to_host(),
+                                           b.weight().grad().to_host()};
   };
   CHECK(grads(true) == grads(false));
 }
@@ -388,7 +401,8 @@ TEST_CASE("checkpoint under no_grad just runs the function", "[checkpoint]") {
   auto x = tape.input(T::from_host({4, 8}, wave(32, 0.1)));
   NoGradGuard no_grad;
   const auto regions = checkpoint_stats().regions;
-  auto y = checkpoint(tape, [&](const Var<B>& v) { return layer(v); }, x);
+  auto y = checkpoint(
+      tape, [&](const Var<B>& v) { return layer(v); }, x);
   CHECK(checkpoint_stats().regions == regions);
   CHECK(tape.size() == 0);
   CHECK(y.value().to_host() == layer(x).value().to_host());

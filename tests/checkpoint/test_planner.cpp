@@ -93,7 +93,8 @@ void check_predictions(const Model& model) {
   Planner<B> planner(model.stages, [&model](const ChainRunner<B>& run) { model.step(run); });
   const ChainProfile& p = planner.profile();
   const std::int64_t plain_saved = p.plain_peak[1];
-  std::vector<Budget> budgets = {Budget::saved_activations(plain_saved), Budget::saved_activations(plain_saved / 2),
+  std::vector<Budget> budgets = {Budget::saved_activations(plain_saved),
+                                 Budget::saved_activations(plain_saved / 2),
                                  Budget::saved_activations(plain_saved / 4),
                                  Budget::saved_activations(planner.smallest_budget(MemChannel::Saved)),
                                  Budget::whole_step((p.plain_peak[0] + planner.smallest_budget(MemChannel::Total)) / 2),
@@ -103,7 +104,8 @@ void check_predictions(const Model& model) {
     const StepMeasurement m = planner.measure(plan);
     INFO(plan.str() << plan.compare(m));
     for (int c = 0; c < kMemChannels; ++c)
-      CHECK(std::abs(static_cast<double>(plan.prediction().peak[c] - m.peak[c])) <= 0.02 * static_cast<double>(m.peak[c]));
+      CHECK(std::abs(static_cast<double>(plan.prediction().peak[c] - m.peak[c])) <=
+            0.02 * static_cast<double>(m.peak[c]));
     CHECK(m.peak[static_cast<int>(budget.channel)] <= budget.bytes + budget.bytes / 50);
   }
 }
@@ -170,8 +172,10 @@ TEST_CASE("a planned step's gradients are bitwise those of the plain step", "[ch
     CHECK(gradients(chain, plan.runner()) == reference);
   }
   // A hand-made mixed schedule too, with a selective region over two stages.
-  const std::vector<Segment> mixed = {
-      {0, 3, StageMode::Recompute}, {3, 4, StageMode::Selective}, {4, 6, StageMode::Selective}, {6, 8, StageMode::Keep}};  // 4-6: selective over two stages
+  const std::vector<Segment> mixed = {{0, 3, StageMode::Recompute},
+                                      {3, 4, StageMode::Selective},
+                                      {4, 6, StageMode::Selective},
+                                      {6, 8, StageMode::Keep}};  // 4-6: selective over two stages
   CHECK(gradients(chain, ChainRunner<B>(chain.stages, mixed)) == reference);
 }
 

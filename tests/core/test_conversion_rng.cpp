@@ -236,18 +236,10 @@ TEST_CASE("Bulk widen/narrow give the scalar conversions' bits", "[core][convert
   for (int i = 0; i < 20000; ++i) {
     const auto bits = static_cast<std::uint32_t>(rng.next());
     switch (i % 4) {
-      case 0:
-        values.push_back(from_bits(bits));
-        break;  // anything, NaNs included
-      case 1:
-        values.push_back(from_bits((bits & 0x807FFFFFu) | 0x38000000u));
-        break;  // near half's subnormals
-      case 2:
-        values.push_back(from_bits(bits & 0x807FFFFFu));
-        break;  // float subnormals
-      default:
-        values.push_back(from_bits((bits & 0x87FFFFFFu) | 0x30000000u));
-        break;  // half's whole range
+      case 0: values.push_back(from_bits(bits)); break;                                 // anything, NaNs included
+      case 1: values.push_back(from_bits((bits & 0x807FFFFFu) | 0x38000000u)); break;   // near half's subnormals
+      case 2: values.push_back(from_bits(bits & 0x807FFFFFu)); break;                   // float subnormals
+      default: values.push_back(from_bits((bits & 0x87FFFFFFu) | 0x30000000u)); break;  // half's whole range
     }
   }
   for (float special : {0.0f, -0.0f, std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),

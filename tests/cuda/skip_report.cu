@@ -24,8 +24,8 @@ class CudaSkipReport : public Catch::TestEventListenerBase {
     int device = 0;
     cudaDeviceProp props{};
     if (cudaGetDevice(&device) == cudaSuccess && cudaGetDeviceProperties(&props, device) == cudaSuccess)
-      std::cerr << "test_cuda: device " << device << ": " << props.name << " (sm_" << props.major << props.minor
-                << ", " << props.multiProcessorCount << " SMs, " << (props.totalGlobalMem >> 20) << " MiB)\n";
+      std::cerr << "test_cuda: device " << device << ": " << props.name << " (sm_" << props.major << props.minor << ", "
+                << props.multiProcessorCount << " SMs, " << (props.totalGlobalMem >> 20) << " MiB)\n";
   }
   void testRunEnded(const Catch::TestRunStats& stats) override {
     const int skipped = trainmem::cuda_testing::skipped_test_cases();

@@ -74,13 +74,13 @@ TEST_CASE("cuda amp: unscale_grads over many tensors sets found_inf only on inf/
     INFO("injected " << bad);
     auto poisoned = values[52];
     poisoned[poisoned.size() / 2] = bad;
-    grads[52] = tmem::Tensor<Gpu>::from_host(Shape{static_cast<std::int64_t>(poisoned.size())}, poisoned,
-                                           grads[52].dtype());
+    grads[52] =
+        tmem::Tensor<Gpu>::from_host(Shape{static_cast<std::int64_t>(poisoned.size())}, poisoned, grads[52].dtype());
     found_inf = scalar_f32(0.0f);
     gpu.unscale_grads(grads, scalar_f32(1.0f), found_inf);
     CHECK(read_f32(found_inf) == 1.0f);
     grads[52] = tmem::Tensor<Gpu>::from_host(Shape{static_cast<std::int64_t>(values[52].size())}, values[52],
-                                           grads[52].dtype());
+                                             grads[52].dtype());
     gpu.unscale_grads(grads, scalar_f32(1.0f), found_inf);
     CHECK(read_f32(found_inf) == 1.0f);
   }
@@ -150,8 +150,9 @@ struct SetToGrad {
 
 /// One optimizer pass on `backend` over the given host state; returns param, s1, s2, copy.
 template <class B, class Update>
-std::vector<std::vector<double>> optimizer_pass(B& backend, Update update, const std::vector<std::vector<double>>& state,
-                                                DType grad_dtype, DType copy_dtype, float found_inf, bool use_flag,
+std::vector<std::vector<double>> optimizer_pass(B& backend, Update update,
+                                                const std::vector<std::vector<double>>& state, DType grad_dtype,
+                                                DType copy_dtype, float found_inf, bool use_flag,
                                                 tmem::CopyRounding rounding = {}) {
   const auto n = static_cast<std::int64_t>(state[0].size());
   auto make = [&](const std::vector<double>& v, DType dtype) {
@@ -174,8 +175,8 @@ TEST_CASE("cuda amp: fused SGD and AdamW passes match the CPU, and found_inf ski
   Inputs random;
   INFO("seed " << random.seed());
   const std::int64_t n = 70001;
-  const tmem::math::AdamWUpdate adamw{1e-3, 0.9, 0.999, 1e-8, 0.01, 1.0 / 1024.0, 1.0 - std::pow(0.9, 3.0),
-                                    1.0 - std::pow(0.999, 3.0)};
+  const tmem::math::AdamWUpdate adamw{
+      1e-3, 0.9, 0.999, 1e-8, 0.01, 1.0 / 1024.0, 1.0 - std::pow(0.9, 3.0), 1.0 - std::pow(0.999, 3.0)};
   const tmem::math::SgdUpdate sgd{0.05, 0.9, 0.1, 1e-4, 1.0 / 1024.0, true, false};
   for (DType grad_dtype : {DType::BF16, DType::F16, DType::F32})
     for (DType copy_dtype : {DType::BF16, DType::F16}) {
@@ -188,12 +189,14 @@ TEST_CASE("cuda amp: fused SGD and AdamW passes match the CPU, and found_inf ski
         INFO(name);
         const auto cpu = optimizer_pass(Cpu::default_instance(), update, state, grad_dtype, copy_dtype, 0.0f, false);
         const auto gpu = optimizer_pass(Gpu::default_instance(), update, state, grad_dtype, copy_dtype, 0.0f, false);
-        const auto flag_clear = optimizer_pass(Gpu::default_instance(), update, state, grad_dtype, copy_dtype, 0.0f, true);
-        const auto flag_set = optimizer_pass(Gpu::default_instance(), update, state, grad_dtype, copy_dtype, 1.0f, true);
+        const auto flag_clear =
+            optimizer_pass(Gpu::default_instance(), update, state, grad_dtype, copy_dtype, 0.0f, true);
+        const auto flag_set =
+            optimizer_pass(Gpu::default_instance(), update, state, grad_dtype, copy_dtype, 1.0f, true);
         // Contraction into FMAs may differ between compilers: f32 rounding, not bits.
         for (std::size_t i = 0; i < 3; ++i) CHECK(relative_error(gpu[i], cpu[i]) <= 1e-6);
         CHECK(relative_error(gpu[3], cpu[3]) <= tolerance(copy_dtype));
-        CHECK(flag_clear == gpu);  // a clear flag is no flag
+        CHECK(flag_clear == gpu);        // a clear flag is no flag
         CHECK(flag_set[0] == state[0]);  // a set flag changes nothing
         CHECK(flag_set[1] == state[2]);
         CHECK(flag_set[2] == state[3]);
@@ -213,10 +216,10 @@ TEST_CASE("cuda amp: stochastically rounded bf16 copies equal the CPU's bits", "
                                                std::vector<double>(n, 0.0), std::vector<double>(n, 0.0),
                                                std::vector<double>(n, 0.0)};
   const tmem::CopyRounding rounding{tmem::RoundingMode::Stochastic, {random.seed(), 4 * 1000}};
-  const auto cpu = optimizer_pass(Cpu::default_instance(), SetToGrad{}, state, DType::F32, DType::BF16, 0.0f, false,
-                                  rounding);
-  const auto gpu = optimizer_pass(Gpu::default_instance(), SetToGrad{}, state, DType::F32, DType::BF16, 0.0f, false,
-                                  rounding);
+  const auto cpu =
+      optimizer_pass(Cpu::default_instance(), SetToGrad{}, state, DType::F32, DType::BF16, 0.0f, false, rounding);
+  const auto gpu =
+      optimizer_pass(Gpu::default_instance(), SetToGrad{}, state, DType::F32, DType::BF16, 0.0f, false, rounding);
   CHECK(gpu[0] == state[1]);
   CHECK(gpu[3] == cpu[3]);
   const auto nearest = rounded_to(state[1], DType::BF16);
@@ -245,8 +248,8 @@ TEST_CASE("cuda amp: AdamW and SGD steps under a device StepControl match the CP
                                         backend);
     };
     for (int step = 0; step < 4; ++step) {
-      param.set_grad(tmem::Tensor<B>::from_host(Shape{rows, cols}, grads[step], DType::F32,
-                                                tmem::MemCategory::Gradient, backend));
+      param.set_grad(
+          tmem::Tensor<B>::from_host(Shape{rows, cols}, grads[step], DType::F32, tmem::MemCategory::Gradient, backend));
       tmem::optim::StepControl<B> control;
       control.grad_divisor = scalar(1024.0);
       control.found_inf = scalar(overflow[step]);

@@ -39,14 +39,14 @@ struct GemmCase {
   bool share_a = false, share_b = false;
   bool bias = false, gelu = false;
   DType bias_dtype = DType::F32;
-  bool misaligned = false;  // operands start one odd-length row into their storage
+  bool misaligned = false;        // operands start one odd-length row into their storage
   double product_roundoff = 0.0;  // 0: FP32 (FP64 for f64) accumulation
 
   std::string describe() const {
     return tmem::detail::concat(name_of(ab), "->", name_of(c), " ", trans_a ? "T" : "N", trans_b ? "T" : "N",
-                              " batch=", batch, " m=", m, " n=", n, " k=", k, " alpha=", alpha, " beta=", beta,
-                              share_a ? " shared A" : "", share_b ? " shared B" : "", bias ? " bias " : "",
-                              bias ? name_of(bias_dtype) : "", gelu ? " gelu" : "", misaligned ? " misaligned" : "");
+                                " batch=", batch, " m=", m, " n=", n, " k=", k, " alpha=", alpha, " beta=", beta,
+                                share_a ? " shared A" : "", share_b ? " shared B" : "", bias ? " bias " : "",
+                                bias ? name_of(bias_dtype) : "", gelu ? " gelu" : "", misaligned ? " misaligned" : "");
   }
 };
 

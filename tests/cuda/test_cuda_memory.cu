@@ -52,13 +52,14 @@ TEST_CASE("cuda memory: out of memory names the request and the live bytes per c
   std::size_t free_bytes = 0, total_bytes = 0;
   TRAINMEM_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
   const auto huge = static_cast<std::int64_t>((free_bytes + (std::size_t{1} << 30)) / 4);  // 1 GiB more than is free
-  REQUIRE_THROWS_WITH(tmem::Tensor<Gpu>::empty(Shape{huge}, DType::F32, MemCategory::SavedActivation, gpu),
-                      Catch::Contains("out of device memory allocating " + std::to_string(4 * huge) +
-                                      " bytes for saved_activation") &&
-                          Catch::Contains("parameter 4194304") && Catch::Contains("workspace 0"));
+  REQUIRE_THROWS_WITH(
+      tmem::Tensor<Gpu>::empty(Shape{huge}, DType::F32, MemCategory::SavedActivation, gpu),
+      Catch::Contains("out of device memory allocating " + std::to_string(4 * huge) + " bytes for saved_activation") &&
+          Catch::Contains("parameter 4194304") && Catch::Contains("workspace 0"));
   CHECK(gpu.memory().live(MemCategory::SavedActivation) == 0);
   // The failure left no error behind: the backend keeps working.
-  auto after = tmem::Tensor<Gpu>::from_host(Shape{3}, std::vector<double>{1, 2, 3}, DType::F32, MemCategory::Temporary, gpu);
+  auto after =
+      tmem::Tensor<Gpu>::from_host(Shape{3}, std::vector<double>{1, 2, 3}, DType::F32, MemCategory::Temporary, gpu);
   CHECK(after.to_host<double>() == std::vector<double>{1, 2, 3});
 }
 

@@ -42,12 +42,14 @@ std::vector<std::vector<double>> run_graph(B& backend, DType dtype, const std::v
   tmem::Tape<B> tape(backend);
   std::vector<tmem::Var<B>> vars;
   for (const auto& in : inputs)
-    vars.push_back(tape.input(tmem::Tensor<B>::from_host(in.shape, in.values, dtype, tmem::MemCategory::Temporary, backend),
-                              in.requires_grad));
+    vars.push_back(
+        tape.input(tmem::Tensor<B>::from_host(in.shape, in.values, dtype, tmem::MemCategory::Temporary, backend),
+                   in.requires_grad));
   tmem::Var<B> out = build(tape, vars);
   std::vector<std::vector<double>> results{out.value().template to_host<double>()};
   const auto seed_values = upstream(salt, out.numel(), seed_dtype);
-  tape.backward(out, tmem::Tensor<B>::from_host(out.shape(), seed_values, out.dtype(), tmem::MemCategory::Temporary, backend));
+  tape.backward(
+      out, tmem::Tensor<B>::from_host(out.shape(), seed_values, out.dtype(), tmem::MemCategory::Temporary, backend));
   for (const auto& v : vars)
     if (v.requires_grad()) results.push_back(v.grad().template to_host<double>());
   return results;
@@ -56,7 +58,8 @@ std::vector<std::vector<double>> run_graph(B& backend, DType dtype, const std::v
 /// Compares the op on the GPU in each dtype against the CPU in F64.
 template <class Build>
 void check_op(const std::string& name, const std::vector<InputSpec>& inputs, Build build,
-              std::vector<DType> dtypes = {DType::F64, DType::F32, DType::BF16, DType::F16}, double tolerance_scale = 1.0) {
+              std::vector<DType> dtypes = {DType::F64, DType::F32, DType::BF16, DType::F16},
+              double tolerance_scale = 1.0) {
   Inputs random;
   INFO("seed " << random.seed());
   const std::uint64_t salt = random.seed();
@@ -123,7 +126,8 @@ TEST_CASE("cuda ops: matmul, bmm and linear, all transposes", "[cuda][ops][gemm]
   for (bool ta : {false, true})
     for (bool tb : {false, true}) {
       const std::string flags = std::string(ta ? "T" : "N") + (tb ? "T" : "N");
-      check_op("matmul " + flags, {input(random, ta ? Shape{k, m} : Shape{m, k}), input(random, tb ? Shape{n, k} : Shape{k, n})},
+      check_op("matmul " + flags,
+               {input(random, ta ? Shape{k, m} : Shape{m, k}), input(random, tb ? Shape{n, k} : Shape{k, n})},
                [ta, tb](auto&, auto& v) { return tmem::matmul(v[0], v[1], ta, tb); });
       check_op("bmm " + flags,
                {input(random, ta ? Shape{batch, k, m} : Shape{batch, m, k}),
@@ -187,7 +191,8 @@ TEST_CASE("cuda ops: transpose, head split and merge, causal mask", "[cuda][ops]
   Inputs random;
   INFO("seed " << random.seed());
   check_op("transpose", {input(random, Shape{3, 17, 29})}, [](auto&, auto& v) { return tmem::transpose(v[0]); });
-  check_op("split_heads", {input(random, Shape{2, 13, 4 * 24})}, [](auto&, auto& v) { return tmem::split_heads(v[0], 4); });
+  check_op("split_heads", {input(random, Shape{2, 13, 4 * 24})},
+           [](auto&, auto& v) { return tmem::split_heads(v[0], 4); });
   check_op("merge_heads", {input(random, Shape{8, 13, 24})}, [](auto&, auto& v) { return tmem::merge_heads(v[0], 4); });
   // The mask's -inf must survive into softmax as zero probability.
   check_op("causal_mask then softmax", {input(random, Shape{5, 19, 19})},
@@ -254,8 +259,8 @@ TEST_CASE("cuda ops: a transformer block stack matches the CPU backend", "[cuda]
   };
   // 16-bit cases: both backends round the same weights; what differs is accumulation
   // order and the rounding of each stored activation, a few 16-bit ulps through 2 blocks.
-  for (const Case c : {Case{DType::F64, false, 1e-10}, Case{DType::F32, false, 1e-4},
-                       Case{DType::BF16, true, 5e-2}, Case{DType::F16, true, 1e-2}}) {
+  for (const Case c : {Case{DType::F64, false, 1e-10}, Case{DType::F32, false, 1e-4}, Case{DType::BF16, true, 5e-2},
+                       Case{DType::F16, true, 1e-2}}) {
     INFO("dtype " << dtype_name(c.dtype) << (c.autocast ? " (autocast)" : ""));
     const auto cpu = transformer_step<Cpu>(c.dtype, rounded_to(x, c.autocast ? DType::F32 : c.dtype),
                                            rounded_to(seed, c.dtype), c.autocast);

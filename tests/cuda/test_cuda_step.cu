@@ -93,7 +93,8 @@ TEST_CASE("cuda step: causal_mask runs in every dtype (its launcher once compile
 }
 
 // Defect 2: a NotReady event query was left as the last error and failed the next launch.
-TEST_CASE("cuda step: offload and ready() while copies are in flight do not fail the next launch", "[cuda][defect2][offload]") {
+TEST_CASE("cuda step: offload and ready() while copies are in flight do not fail the next launch",
+          "[cuda][defect2][offload]") {
   TRAINMEM_REQUIRE_CUDA_DEVICE();
   Gpu gpu;
   Gate gate;
@@ -264,7 +265,8 @@ TEST_CASE("cuda step: a steady-state mixed-precision training step makes no host
     optimizer.zero_grad();
     tmem::amp::Autocast autocast(DType::F16);
     auto h = tmem::reshape(embed(tape.input(ids)), Shape{batch, t, dim});
-    h = tmem::checkpoint(tape, [&](auto x) { return block(x); }, h);
+    h = tmem::checkpoint(
+        tape, [&](auto x) { return block(x); }, h);
     auto logits = tmem::reshape(head(h), Shape{batch * t, vocab});
     auto loss = tmem::cross_entropy(logits, labels);
     tape.backward(scaler.scale(loss));
@@ -294,8 +296,8 @@ TEST_CASE("cuda step: a backend on device 1 launches there while device 0 is cur
   }
   Gpu second(1);
   TRAINMEM_CUDA_CHECK(cudaSetDevice(0));
-  auto x = TensorG::from_host(Shape{1000}, std::vector<double>(1000, 1.5), DType::F32,
-                              tmem::MemCategory::Temporary, second);
+  auto x =
+      TensorG::from_host(Shape{1000}, std::vector<double>(1000, 1.5), DType::F32, tmem::MemCategory::Temporary, second);
   auto y = TensorG::empty(Shape{1000}, DType::F32, tmem::MemCategory::Temporary, second);
   TRAINMEM_CUDA_CHECK(cudaSetDevice(0));
   second.map(tmem::math::Scale{2.0}, x, y);
@@ -340,7 +342,8 @@ TEST_CASE("cuda step: causal_mask and map past 2^31 elements, sums over many wav
 }
 
 // Untested before: NaN inputs must give NaN in exactly the rows the CPU backend gives it.
-TEST_CASE("cuda step: NaN inputs to softmax, layer norm and cross-entropy poison the rows the CPU's do", "[cuda][nan]") {
+TEST_CASE("cuda step: NaN inputs to softmax, layer norm and cross-entropy poison the rows the CPU's do",
+          "[cuda][nan]") {
   TRAINMEM_REQUIRE_CUDA_DEVICE();
   const double nan = std::numeric_limits<double>::quiet_NaN();
   std::vector<double> x{0.5, nan, -1.0, 2.0, 0.25, -0.5, 1.0, 0.0, 3.0, -2.0, 1.5, 0.75};  // [3, 4]; NaN in row 0

@@ -105,7 +105,8 @@ std::vector<std::uint8_t> mutate(std::vector<std::uint8_t> bytes, trainmem::test
                    static_cast<std::uint8_t>(rng.next()));
       break;
     case 4:  // a header byte (magic or extents) replaced: often a huge declared size
-      if (bytes.size() > 4) bytes[pick(std::min<std::size_t>(bytes.size(), 16))] = static_cast<std::uint8_t>(rng.next());
+      if (bytes.size() > 4)
+        bytes[pick(std::min<std::size_t>(bytes.size(), 16))] = static_cast<std::uint8_t>(rng.next());
       break;
     default:  // a run of bytes zeroed
       if (!bytes.empty()) {
@@ -161,8 +162,8 @@ TEST_CASE("IDX: a header declaring 2 GiB over 16 bytes of data allocates no 2 Gi
     const auto bytes = idx({2000000, 32, 32}, 16, 3);  // 2.05e9 elements declared
     write(path, compressed ? gzip(bytes) : bytes);
     g_largest_allocation = 0;
-    CHECK_THROWS_WITH(examples::read_idx(path, 3), Contains("truncated while reading the data") &&
-                                                       Contains("expected 2048000000 bytes, got 16"));
+    CHECK_THROWS_WITH(examples::read_idx(path, 3),
+                      Contains("truncated while reading the data") && Contains("expected 2048000000 bytes, got 16"));
     CHECK(g_largest_allocation.load() < (std::size_t{8} << 20));
   }
   fs::remove(path);

@@ -261,6 +261,6 @@ TEST_CASE("nn::Embedding: usable in a forward, gradient check in F64", "[nn][gra
   nn::Init init(19);
   const nn::Embedding<B> table(5, 3, init, 1.0, DType::F64);
   const T ids = testing::int_tensor(Shape{2, 2}, {4, 0, 4, 2});
-  check_ok(testing::check_parameter_gradients([&](Tape<B>& tape) { return testing::weighted_sum(tape, table(tape.input(ids))); },
-                                              table.parameters()));
+  check_ok(testing::check_parameter_gradients(
+      [&](Tape<B>& tape) { return testing::weighted_sum(tape, table(tape.input(ids))); }, table.parameters()));
 }

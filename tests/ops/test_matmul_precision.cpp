@@ -27,24 +27,18 @@ namespace {
 /// Unit roundoff 2^-p: the largest relative error of one rounding to nearest.
 double output_half_ulp(DType dtype) {
   switch (dtype) {
-    case DType::F16:
-      return std::ldexp(1.0, -11);
-    case DType::BF16:
-      return std::ldexp(1.0, -8);
-    default:
-      return std::ldexp(1.0, -24);
+    case DType::F16: return std::ldexp(1.0, -11);
+    case DType::BF16: return std::ldexp(1.0, -8);
+    default: return std::ldexp(1.0, -24);
   }
 }
 
 /// The normwise bound the issue states for each storage dtype: max|C - ref| / max|ref|.
 double normwise_tolerance(DType dtype) {
   switch (dtype) {
-    case DType::F16:
-      return 2e-3;
-    case DType::BF16:
-      return 1e-2;
-    default:
-      return 1e-5;
+    case DType::F16: return 2e-3;
+    case DType::BF16: return 1e-2;
+    default: return 1e-5;
   }
 }
 

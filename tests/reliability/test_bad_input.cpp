@@ -15,10 +15,10 @@
 #include <typeinfo>
 #include <vector>
 
-#include <trainmem/trainmem.hpp>
 #include <trainmem/amp/grad_scaler.hpp>
 #include <trainmem/optim/clip_grad_norm.hpp>
 #include <trainmem/optim/sgd.hpp>
+#include <trainmem/trainmem.hpp>
 
 #include "error_matchers.hpp"
 
@@ -123,36 +123,78 @@ TEST_CASE("bad input: the matrix — every hostile call throws trainmem::Error",
       {"matmul inner mismatch", [&] { tmem::matmul(x, w); }},
       {"matmul rank 1", [&] { tmem::matmul(tape.input(f32(Shape{4}, be)), w); }},
       {"bmm rank 2", [&] { tmem::bmm(x, x); }},
-      {"linear weight mismatch", [&] { tmem::linear(x, V::parameter(f32(Shape{3, 5}, be))); }},
+      {"linear weight mismatch",
+       [&] {
+         tmem::linear(x, V::parameter(f32(Shape{3, 5}, be)));
+       }},
       {"linear bias mismatch", [&] { tmem::linear(x, w, V::parameter(f32(Shape{4}, be))); }},
-      {"add shape mismatch", [&] { tmem::add(x, tape.input(f32(Shape{3, 4}, be))); }},
-      {"mul shape mismatch", [&] { tmem::mul(x, tape.input(f32(Shape{2, 3}, be))); }},
+      {"add shape mismatch",
+       [&] {
+         tmem::add(x, tape.input(f32(Shape{3, 4}, be)));
+       }},
+      {"mul shape mismatch",
+       [&] {
+         tmem::mul(x, tape.input(f32(Shape{2, 3}, be)));
+       }},
       {"add across tapes", [&] { tmem::add(x, on_other); }},
       {"op on no tape", [&] { tmem::relu(w); }},
       {"op on a destroyed tape's Var", [&] { tmem::relu(stale); }},
-      {"backward of a destroyed tape's Var", [&] { stale.backward(f32(Shape{2, 4}, be)); }},
+      {"backward of a destroyed tape's Var",
+       [&] {
+         stale.backward(f32(Shape{2, 4}, be));
+       }},
       {"backward of a non-scalar without seed", [&] { tape.backward(tmem::relu(x)); }},
-      {"backward seed shape mismatch", [&] { tape.backward(tmem::relu(x), f32(Shape{4, 2}, be)); }},
+      {"backward seed shape mismatch",
+       [&] {
+         tape.backward(tmem::relu(x), f32(Shape{4, 2}, be));
+       }},
       {"backward on another tape", [&] { other.backward(tmem::sum(x)); }},
       {"backward of a no-grad root", [&] { tape.backward(tmem::sum(x3)); }},
-      {"relu of i32", [&] { tmem::relu(tape.input(i32(Shape{2}, {1, 2}, be))); }},
-      {"softmax of i32", [&] { tmem::softmax(tape.input(i32(Shape{2}, {1, 2}, be))); }},
+      {"relu of i32",
+       [&] {
+         tmem::relu(tape.input(i32(Shape{2}, {1, 2}, be)));
+       }},
+      {"softmax of i32",
+       [&] {
+         tmem::softmax(tape.input(i32(Shape{2}, {1, 2}, be)));
+       }},
       {"layer_norm gamma mismatch", [&] { tmem::layer_norm(x, V::parameter(f32(Shape{3}, be)), beta); }},
       {"layer_norm beta mismatch", [&] { tmem::layer_norm(x, gamma, V::parameter(f32(Shape{5}, be))); }},
       {"layer_norm negative eps", [&] { tmem::layer_norm(x, gamma, beta, -1.0); }},
       {"cross_entropy rank 3", [&] { tmem::cross_entropy(x3, labels); }},
       {"cross_entropy labels f32", [&] { tmem::cross_entropy(x, f32(Shape{2}, be)); }},
       {"cross_entropy labels too few", [&] { tmem::cross_entropy(x, i32(Shape{1}, {0}, be)); }},
-      {"cross_entropy label out of range", [&] { tmem::cross_entropy(x, i32(Shape{2}, {0, 4}, be)); }},
-      {"cross_entropy label negative", [&] { tmem::cross_entropy(x, i32(Shape{2}, {-1, 0}, be)); }},
+      {"cross_entropy label out of range",
+       [&] {
+         tmem::cross_entropy(x, i32(Shape{2}, {0, 4}, be));
+       }},
+      {"cross_entropy label negative",
+       [&] {
+         tmem::cross_entropy(x, i32(Shape{2}, {-1, 0}, be));
+       }},
       {"cross_entropy undefined labels", [&] { tmem::cross_entropy(x, T()); }},
-      {"cross_entropy empty batch", [&] { tmem::cross_entropy(tape.input(f32(Shape{0, 4}, be)), i32(Shape{0}, {}, be)); }},
-      {"cross_entropy no classes", [&] { tmem::cross_entropy(tape.input(f32(Shape{2, 0}, be)), labels); }},
+      {"cross_entropy empty batch",
+       [&] {
+         tmem::cross_entropy(tape.input(f32(Shape{0, 4}, be)), i32(Shape{0}, {}, be));
+       }},
+      {"cross_entropy no classes",
+       [&] {
+         tmem::cross_entropy(tape.input(f32(Shape{2, 0}, be)), labels);
+       }},
       {"embedding ids f32", [&] { tmem::embedding(table, tape.input(f32(Shape{2}, be))); }},
-      {"embedding id out of range", [&] { tmem::embedding(table, tape.input(i32(Shape{2}, {0, 5}, be))); }},
-      {"embedding id negative", [&] { tmem::embedding(table, tape.input(i32(Shape{2}, {-1, 0}, be))); }},
+      {"embedding id out of range",
+       [&] {
+         tmem::embedding(table, tape.input(i32(Shape{2}, {0, 5}, be)));
+       }},
+      {"embedding id negative",
+       [&] {
+         tmem::embedding(table, tape.input(i32(Shape{2}, {-1, 0}, be)));
+       }},
       {"embedding table rank 1", [&] { tmem::embedding(gamma, tape.input(i32(Shape{1}, {0}, be))); }},
-      {"reshape count mismatch", [&] { tmem::reshape(x, Shape{3, 3}); }},
+      {"reshape count mismatch",
+       [&] {
+         tmem::reshape(x, Shape{3, 3});
+       }},
       {"transpose rank 1", [&] { tmem::transpose(tape.input(f32(Shape{4}, be))); }},
       {"split_heads not dividing", [&] { tmem::split_heads(x3, 3); }},
       {"split_heads zero heads", [&] { tmem::split_heads(x3, 0); }},
@@ -160,15 +202,28 @@ TEST_CASE("bad input: the matrix — every hostile call throws trainmem::Error",
       {"causal_mask not square", [&] { tmem::causal_mask(x3); }},
       {"dropout p = 1.5", [&] { tmem::dropout(x, 1.5f); }},
       {"dropout p = NaN", [&] { tmem::dropout(x, std::numeric_limits<float>::quiet_NaN()); }},
-      {"negative extent", [&] { Shape({2, -1}); }},
-      {"extent product overflow", [&] { Shape({std::int64_t{1} << 62, 4}); }},
-      {"byte count overflow", [&] { T::empty(Shape{std::int64_t{1} << 61}, DType::F64, tmem::MemCategory::Temporary, be); }},
-      {"from_host count mismatch", [&] { T::from_host(Shape{3}, std::vector<double>{1, 2}, DType::F32); }},
+      {"negative extent",
+       [&] {
+         Shape({2, -1});
+       }},
+      {"extent product overflow",
+       [&] {
+         Shape({std::int64_t{1} << 62, 4});
+       }},
+      {"byte count overflow",
+       [&] { T::empty(Shape{std::int64_t{1} << 61}, DType::F64, tmem::MemCategory::Temporary, be); }},
+      {"from_host count mismatch",
+       [&] {
+         T::from_host(Shape{3}, std::vector<double>{1, 2}, DType::F32);
+       }},
       {"from_host i32 NaN", [&] { i32(Shape{1}, {kNaN}, be); }},
       {"from_host i32 1e10", [&] { i32(Shape{1}, {1e10}, be); }},
       {"from_host i32 2.7", [&] { i32(Shape{1}, {2.7}, be); }},
       {"reshape undefined", [&] { T().reshape(Shape{1}); }},
-      {"slice out of range", [&] { f32(Shape{2, 2}, be).slice(1, 3); }},
+      {"slice out of range",
+       [&] {
+         f32(Shape{2, 2}, be).slice(1, 3);
+       }},
       {"copy_from shape mismatch", [&] { f32(Shape{2}, be).copy_from(f32(Shape{3}, be)); }},
       {"data_as wrong dtype", [&] { f32(Shape{2}, be).data_as<double>(); }},
       {"parameter of i32", [&] { V::parameter(i32(Shape{1}, {1}, be)); }},
@@ -176,7 +231,11 @@ TEST_CASE("bad input: the matrix — every hostile call throws trainmem::Error",
       {"tape input i32 requiring grad", [&] { tape.input(i32(Shape{1}, {1}, be), true); }},
       {"grad of a non-leaf", [&] { tmem::relu(x).grad(); }},
       {"undefined Var", [&] { V().shape(); }},
-      {"Linear with 0 inputs", [&] { tmem::nn::Init init; tmem::nn::Linear<B>(0, 3, init); }},
+      {"Linear with 0 inputs",
+       [&] {
+         tmem::nn::Init init;
+         tmem::nn::Linear<B>(0, 3, init);
+       }},
       {"Init of 2^60 values", [&] { tmem::nn::Init(1).uniform(std::int64_t{1} << 60, 0, 1); }},
       {"SGD negative lr", [&] { tmem::optim::SGD<B>({w}, {.lr = -1.0}); }},
       {"SGD of a non-leaf", [&] { tmem::optim::SGD<B>({tmem::relu(x)}, {}); }},
@@ -194,17 +253,20 @@ TEST_CASE("bad input: the matrix — every hostile call throws trainmem::Error",
       {"scaler update(0)", [&] { tmem::amp::GradScaler<B>(DType::F16, {}).update(0.0); }},
       {"scaler update() before step", [&] { tmem::amp::GradScaler<B>(DType::F16, {}).update(); }},
       {"scaler state text junk", [&] { tmem::amp::GradScalerState::from_string("scale=abc\n"); }},
-      {"scaler state scale 1e39", [&] {
+      {"scaler state scale 1e39",
+       [&] {
          auto s = tmem::amp::GradScalerState{};
          s.scale = 1e39;
          tmem::amp::GradScalerState::from_string(s.to_string());
        }},
-      {"scaler state tracker 2.5", [&] {
+      {"scaler state tracker 2.5",
+       [&] {
          auto m = tmem::amp::GradScalerState{}.to_map();
          m["_growth_tracker"] = 2.5;
          tmem::amp::GradScalerState::from_map(m);
        }},
-      {"scaler state missing key", [&] {
+      {"scaler state missing key",
+       [&] {
          auto m = tmem::amp::GradScalerState{}.to_map();
          m.erase("scale");
          tmem::amp::GradScalerState::from_map(m);

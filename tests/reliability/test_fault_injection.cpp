@@ -37,8 +37,7 @@ void check_failure_at(B& backend, tmem::testing::TinyTraining<B>& run, std::int6
 
 }  // namespace
 
-TEST_CASE("fault injection: the allocator fails the k-th allocation with a trainmem::Error",
-          "[reliability][faults]") {
+TEST_CASE("fault injection: the allocator fails the k-th allocation with a trainmem::Error", "[reliability][faults]") {
   B be;
   be.allocator().fail_allocation(2);
   auto a = tmem::Tensor<B>::zeros(tmem::Shape{4}, DType::F32, tmem::MemCategory::Temporary, be);
@@ -89,7 +88,7 @@ TEST_CASE("fault injection: every allocation of a first and a steady training st
       CHECK(run.snapshot() != before);
     }
     WARN("fault injection (" << tmem::name_of(model_dtype) << "): " << first_step_allocations
-                              << " allocation points in a first step, " << steady_allocations
-                              << " in a steady step; all failed with trainmem::Error and recovered");
+                             << " allocation points in a first step, " << steady_allocations
+                             << " in a steady step; all failed with trainmem::Error and recovered");
   }
 }

@@ -11,10 +11,10 @@
 #include <limits>
 #include <vector>
 
-#include <trainmem/trainmem.hpp>
 #include <trainmem/amp/grad_scaler.hpp>
 #include <trainmem/amp/master_weights.hpp>
 #include <trainmem/optim/sgd.hpp>
+#include <trainmem/trainmem.hpp>
 
 #include "error_matchers.hpp"
 
@@ -30,10 +30,10 @@ constexpr double kMaxF32 = 3.4028234663852886e38;
 /// One f16 weight vector with f32 masters; loss = sum(w x), so the gradient is x.
 struct OneLayer {
   B backend;
-  tmem::Var<B> w = tmem::Var<B>::parameter(
-      tmem::Tensor<B>::from_host(tmem::Shape{4}, std::vector<double>{0.5, -0.25, 1.0, 2.0}, DType::F16,
-                                 tmem::MemCategory::Parameter, backend),
-      "w");
+  tmem::Var<B> w =
+      tmem::Var<B>::parameter(tmem::Tensor<B>::from_host(tmem::Shape{4}, std::vector<double>{0.5, -0.25, 1.0, 2.0},
+                                                         DType::F16, tmem::MemCategory::Parameter, backend),
+                              "w");
   tmem::amp::MasterWeights<B> masters{{w}, {.model_dtype = DType::F16}};
   tmem::optim::SGD<B> sgd{{w}, {.lr = 0.1}};
   OneLayer() { masters.attach(sgd); }

@@ -29,8 +29,9 @@ TEST_CASE("size overflow: a shape whose element count overflows int64 is an erro
 TEST_CASE("size overflow: a tensor whose byte count overflows size_t is an error, and allocates nothing",
           "[reliability][overflow]") {
   B be;
-  CHECK_THROWS_MATCHES(tmem::Tensor<B>::zeros(Shape{std::int64_t{1} << 61}, DType::F64, tmem::MemCategory::Temporary, be),
-                       tmem::Error, ErrorContains("bytes"));
+  CHECK_THROWS_MATCHES(
+      tmem::Tensor<B>::zeros(Shape{std::int64_t{1} << 61}, DType::F64, tmem::MemCategory::Temporary, be), tmem::Error,
+      ErrorContains("bytes"));
   CHECK_THROWS_AS(tmem::Tensor<B>::empty(Shape{std::int64_t{1} << 62}, DType::F32, tmem::MemCategory::Temporary, be),
                   tmem::Error);
   CHECK(be.memory().allocations() == 0);

@@ -36,8 +36,7 @@ struct Run {
   Net net{init};
   tmem::amp::MasterWeights<B> masters{net.parameters(), {.model_dtype = tmem::DType::F16}};
   tmem::optim::AdamW<B> optimizer{net.parameters(), {.lr = 3e-2, .weight_decay = 0.1}};
-  tmem::amp::GradScaler<B> scaler{
-      tmem::DType::F16, {.init_scale = 1048576.0, .growth_interval = 3, .hysteresis = 2}};
+  tmem::amp::GradScaler<B> scaler{tmem::DType::F16, {.init_scale = 1048576.0, .growth_interval = 3, .hysteresis = 2}};
   tmem::Tape<B> tape;
   std::int64_t step = 0;  // the data position: the next batch to train on
   int skipped = 0;
@@ -77,13 +76,21 @@ struct Run {
   void save(const std::string& path) const {
     tmem::StateDict data;
     data.set_i64("step", step);
-    tmem::save(path, {{"model", net}, {"masters", masters}, {"optimizer", optimizer}, {"scaler", scaler},
-                      {"rng", tape}, {"data", data}});
+    tmem::save(path, {{"model", net},
+                      {"masters", masters},
+                      {"optimizer", optimizer},
+                      {"scaler", scaler},
+                      {"rng", tape},
+                      {"data", data}});
   }
   void load(const std::string& path) {
     tmem::StateDict data;
-    tmem::load(path, {{"model", net}, {"masters", masters}, {"optimizer", optimizer}, {"scaler", scaler},
-                      {"rng", tape}, {"data", data}});
+    tmem::load(path, {{"model", net},
+                      {"masters", masters},
+                      {"optimizer", optimizer},
+                      {"scaler", scaler},
+                      {"rng", tape},
+                      {"data", data}});
     step = data.get_i64("step");
   }
 

@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "error_matchers.hpp"
 #include <trainmem/trainmem.hpp>
+#include "error_matchers.hpp"
 
 namespace tmem = trainmem;
 using B = tmem::cpu::Backend;
@@ -73,7 +73,7 @@ TEST_CASE("a transformer stack's parameters have unique hierarchical names and t
   CHECK(summary.find("TransformerBlock") != std::string::npos);
   REQUIRE(expected == 2856);  // 88 + 48 + 3 * 872 + 16 + 88
   CHECK(summary.find("2,856 parameters in 53 tensors, 11,424 bytes") != std::string::npos);  // 2 + 3 * 16 + 2 + 1; f32
-  CHECK(summary.find("attn.q") == std::string::npos);  // depth 1 only
+  CHECK(summary.find("attn.q") == std::string::npos);                                        // depth 1 only
   CHECK(gpt.summary(2).find("blocks.2.attn") != std::string::npos);
 }
 

@@ -78,8 +78,8 @@ TEST_CASE("a run resumed in a second process is bitwise equal to the uninterrupt
   }
   const int skipped_first = skipped_before[kSaveAt], skipped_second = whole.skipped - skipped_first;
   INFO("skipped steps: " << skipped_first << " before the save, " << skipped_second << " after");
-  REQUIRE(skipped_first >= 1);   // the scaler's state at the save matters
-  REQUIRE(skipped_second >= 1);  // ... and skipping continues after the resume
+  REQUIRE(skipped_first >= 1);           // the scaler's state at the save matters
+  REQUIRE(skipped_second >= 1);          // ... and skipping continues after the resume
   REQUIRE(kSteps - whole.skipped >= 6);  // and many steps train
 
   const auto dir = std::filesystem::temp_directory_path() / ("trainmem_resume_" + std::to_string(::getpid()));

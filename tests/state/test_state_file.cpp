@@ -15,8 +15,8 @@
 #include <unistd.h>
 #include <zlib.h>
 
-#include "error_matchers.hpp"
 #include <trainmem/trainmem.hpp>
+#include "error_matchers.hpp"
 
 namespace tmem = trainmem;
 using B = tmem::cpu::Backend;
@@ -97,13 +97,13 @@ TEST_CASE("save replaces the file by rename and leaves no temporary behind", "[s
   tmem::StateDict first;
   first.set_i64("x", 1);
   tmem::save(path, first);
-  struct stat before{};
+  struct stat before {};
   REQUIRE(::stat(path.c_str(), &before) == 0);
   // A reader holding the old file keeps reading the old contents: a new inode replaced it.
   std::ifstream old_reader(path, std::ios::binary);
   tmem::StateDict second = sample_dict();
   tmem::save(path, second);
-  struct stat after{};
+  struct stat after {};
   REQUIRE(::stat(path.c_str(), &after) == 0);
   CHECK(before.st_ino != after.st_ino);
   std::vector<char> old_bytes{std::istreambuf_iterator<char>(old_reader), std::istreambuf_iterator<char>()};

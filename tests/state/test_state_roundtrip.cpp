@@ -17,8 +17,8 @@
 
 #include <unistd.h>
 
-#include "error_matchers.hpp"
 #include <trainmem/trainmem.hpp>
+#include "error_matchers.hpp"
 
 namespace tmem = trainmem;
 using B = tmem::cpu::Backend;
@@ -100,8 +100,7 @@ TEMPLATE_TEST_CASE("an optimizer loaded into a fresh one continues exactly", "[s
   auto make = [](const Problem& p) {
     if constexpr (std::is_same_v<Opt, tmem::optim::AdamW<B>>)
       return Opt(p.params(), {.lr = 0.05, .beta1 = 0.8, .beta2 = 0.95, .weight_decay = 0.1});
-    else
-      return Opt(p.params(), {.lr = 0.05, .momentum = 0.9, .dampening = 0.1, .weight_decay = 0.01});
+    else return Opt(p.params(), {.lr = 0.05, .momentum = 0.9, .dampening = 0.1, .weight_decay = 0.01});
   };
   Problem a, b;
   Opt opt_a = make(a);
@@ -205,8 +204,9 @@ TEST_CASE("failed loads name the difference and leave the destination unchanged"
   SECTION("a shape") {
     tmem::StateDict s = good;
     s.set("params.w.first_moment", tmem::Tensor<B>::zeros(tmem::Shape{4, 3}, DType::F32));
-    CHECK_THROWS_MATCHES(ob.load_state(s), tmem::Error,
-                         ErrorContains("'params.w.first_moment' has shape [4, 3] in the state, the destination is [3, 4]"));
+    CHECK_THROWS_MATCHES(
+        ob.load_state(s), tmem::Error,
+        ErrorContains("'params.w.first_moment' has shape [4, 3] in the state, the destination is [3, 4]"));
   }
   SECTION("a dtype") {
     tmem::StateDict s = good;
@@ -249,8 +249,7 @@ TEST_CASE("failed loads name the difference and leave the destination unchanged"
                          ErrorContains("holds 1 entries no object was given for: 'w'"));
     // The first object fits and the second does not: neither is loaded.
     tmem::Var<B> wrong = tmem::Var<B>::parameter(tmem::Tensor<B>::zeros(tmem::Shape{12}, DType::F32), "wrong");
-    CHECK_THROWS_MATCHES(tmem::load(path, {{"optimizer", ob}, {"w", wrong}}), tmem::Error,
-                         ErrorContains("object 'w'"));
+    CHECK_THROWS_MATCHES(tmem::load(path, {{"optimizer", ob}, {"w", wrong}}), tmem::Error, ErrorContains("object 'w'"));
     CHECK(b.w.value().to_host<double>() == w_before);
     CHECK(wrong.value().to_host<double>() == std::vector<double>(12, 0.0));
     std::filesystem::remove(path);

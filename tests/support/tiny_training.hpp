@@ -49,7 +49,8 @@ class TinyTraining {
     Tape<B> tape(backend_);
     {
       amp::Autocast autocast(model_dtype_);
-      auto h = checkpoint(tape, [&](const Var<B>& in) { return relu(linear(in, w1_, b1_)); }, tape.input(x_));
+      auto h = checkpoint(
+          tape, [&](const Var<B>& in) { return relu(linear(in, w1_, b1_)); }, tape.input(x_));
       auto loss = cross_entropy(linear(h, w2_, b2_), labels_);
       scaler_.scale(loss).backward();
     }
@@ -92,10 +93,9 @@ class TinyTraining {
  private:
   Var<B> param(Shape shape, std::uint64_t stream) {
     const auto n = static_cast<std::size_t>(shape.numel());
-    return Var<B>::parameter(
-        Tensor<B>::from_host(std::move(shape), random_values(n, 100 + stream, -0.5, 0.5), DType::F32,
-                             MemCategory::Parameter, backend_),
-        "p" + std::to_string(stream));
+    return Var<B>::parameter(Tensor<B>::from_host(std::move(shape), random_values(n, 100 + stream, -0.5, 0.5),
+                                                  DType::F32, MemCategory::Parameter, backend_),
+                             "p" + std::to_string(stream));
   }
 
   B& backend_;

@@ -31,8 +31,7 @@ std::vector<unsigned char> train(std::uint64_t seed) {
 
 }  // namespace
 
-TEST_CASE("threads: two threads training their own models on the default backend do not interfere",
-          "[threads]") {
+TEST_CASE("threads: two threads training their own models on the default backend do not interfere", "[threads]") {
   auto& stats = B::default_instance().memory();
   const std::int64_t live_before = stats.live_total();
   const std::vector<unsigned char> alone_a = train(5), alone_b = train(6);
@@ -59,7 +58,8 @@ TEST_CASE("threads: MemoryStats and the block cache count exactly under concurre
   auto churn = [&](std::int64_t n) {
     std::vector<tmem::Tensor<B>> keep;
     for (int i = 0; i < kPerThread; ++i) {
-      keep.push_back(tmem::Tensor<B>::zeros(tmem::Shape{n + i % 7}, tmem::DType::F32, tmem::MemCategory::Temporary, be));
+      keep.push_back(
+          tmem::Tensor<B>::zeros(tmem::Shape{n + i % 7}, tmem::DType::F32, tmem::MemCategory::Temporary, be));
       if (keep.size() > 16) keep.erase(keep.begin());
     }
   };

@@ -47,13 +47,10 @@ struct AutocastState {
       any_f64 = any_f64 || d == DType::F64;
     }
     switch (category_of(op)) {
-      case AutocastCategory::LowerPrecision:
-        return enabled && !any_f64 ? dtype : wide;
-      case AutocastCategory::Fp32:
-        return enabled && !any_f64 ? DType::F32 : wide;
+      case AutocastCategory::LowerPrecision: return enabled && !any_f64 ? dtype : wide;
+      case AutocastCategory::Fp32: return enabled && !any_f64 ? DType::F32 : wide;
       case AutocastCategory::Promote:
-      case AutocastCategory::Unchanged:
-        return wide;
+      case AutocastCategory::Unchanged: return wide;
     }
     return wide;
   }
@@ -102,7 +99,8 @@ class Autocast {
 /// \brief RAII: overrides the autocast category of named ops for a scope.
 class CategoryOverride {
  public:
-  CategoryOverride(std::string op_name, AutocastCategory category) : previous_(detail::thread_autocast_state().overrides) {
+  CategoryOverride(std::string op_name, AutocastCategory category)
+      : previous_(detail::thread_autocast_state().overrides) {
     auto merged = previous_ ? std::make_shared<std::map<std::string, AutocastCategory, std::less<>>>(*previous_)
                             : std::make_shared<std::map<std::string, AutocastCategory, std::less<>>>();
     (*merged)[std::move(op_name)] = category;

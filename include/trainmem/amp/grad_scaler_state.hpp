@@ -22,23 +22,23 @@ namespace trainmem::amp {
 
 /// \brief GradScaler settings; the defaults are torch.amp.GradScaler's.
 struct GradScalerOptions {
-  double init_scale = 65536.0;   // 2^16
+  double init_scale = 65536.0;  // 2^16
   double growth_factor = 2.0;
   double backoff_factor = 0.5;
   std::int32_t growth_interval = 2000;
   double min_scale = kMinScale;  // backoff floor (DeepSpeed's min_loss_scale); >= the smallest normal f32
   double max_scale = kMaxScale;  // growth ceiling (f32 max: no ceiling)
-  std::int32_t hysteresis = 1;               // overflows in a row before a backoff (DeepSpeed); 1: PyTorch
-  bool enabled = true;                       // false: every method is a no-op, step() just steps
-  bool scale_bf16 = false;                   // scale even when the autocast dtype is bf16
+  std::int32_t hysteresis = 1;   // overflows in a row before a backoff (DeepSpeed); 1: PyTorch
+  bool enabled = true;           // false: every method is a no-op, step() just steps
+  bool scale_bf16 = false;       // scale even when the autocast dtype is bf16
 
   /// Validates; `who` names the caller in the message.
   void validate(const char* who) const {
     check_scale(who, "init_scale", init_scale);
-    trainmem::detail::check(growth_factor > 1.0 && std::isfinite(growth_factor), who, ": growth_factor must be > 1, got ",
-                  growth_factor);
-    trainmem::detail::check(backoff_factor > 0.0 && backoff_factor < 1.0, who, ": backoff_factor must be in (0, 1), got ",
-                  backoff_factor);
+    trainmem::detail::check(growth_factor > 1.0 && std::isfinite(growth_factor), who,
+                            ": growth_factor must be > 1, got ", growth_factor);
+    trainmem::detail::check(backoff_factor > 0.0 && backoff_factor < 1.0, who,
+                            ": backoff_factor must be in (0, 1), got ", backoff_factor);
     trainmem::detail::check(growth_interval >= 1, who, ": growth_interval must be >= 1, got ", growth_interval);
     trainmem::detail::check(hysteresis >= 1, who, ": hysteresis must be >= 1, got ", hysteresis);
     check_scale(who, "min_scale", min_scale);
@@ -55,7 +55,7 @@ struct GradScalerOptions {
 
   ScaleUpdateArgs update_args() const {
     return {static_cast<float>(growth_factor), static_cast<float>(backoff_factor), growth_interval,
-            static_cast<float>(min_scale), static_cast<float>(max_scale), hysteresis};
+            static_cast<float>(min_scale),     static_cast<float>(max_scale),      hysteresis};
   }
 };
 
@@ -66,9 +66,7 @@ struct GradScalerState {
   std::int32_t hysteresis_left = 1;  // overflows still tolerated before a backoff
   GradScalerOptions options;
 
-  bool operator==(const GradScalerState& other) const {
-    return to_map() == other.to_map();
-  }
+  bool operator==(const GradScalerState& other) const { return to_map() == other.to_map(); }
 
   std::map<std::string, double> to_map() const {
     return {{"scale", scale},
@@ -94,7 +92,7 @@ struct GradScalerState {
     auto get_int = [&](const char* key) {
       const double v = get(key);
       trainmem::detail::check(v == std::floor(v) && std::fabs(v) < 2147483648.0, "GradScalerState::from_map: '", key,
-                    "' must be a 32-bit integer, got ", v);
+                              "' must be a 32-bit integer, got ", v);
       return static_cast<std::int32_t>(v);
     };
     GradScalerState state;
@@ -112,9 +110,10 @@ struct GradScalerState {
     GradScalerOptions::check_scale("GradScalerState::from_map", "scale", state.scale);
     state.options.init_scale = state.scale;
     state.options.validate("GradScalerState::from_map");
-    trainmem::detail::check(state.growth_tracker >= 0 && state.hysteresis_left >= 1, "GradScalerState::from_map: need "
-                  "_growth_tracker >= 0 and hysteresis_left >= 1, got ", state.growth_tracker, " and ",
-                  state.hysteresis_left);
+    trainmem::detail::check(state.growth_tracker >= 0 && state.hysteresis_left >= 1,
+                            "GradScalerState::from_map: need "
+                            "_growth_tracker >= 0 and hysteresis_left >= 1, got ",
+                            state.growth_tracker, " and ", state.hysteresis_left);
     return state;
   }
 
@@ -138,13 +137,13 @@ struct GradScalerState {
       if (line.empty()) continue;
       const auto eq = line.find('=');
       trainmem::detail::check(eq != std::string_view::npos, "GradScalerState::from_string: line '", line,
-                    "' is not key=value");
+                              "' is not key=value");
       double value = 0;
       const std::string_view number = line.substr(eq + 1);
       const auto result = std::from_chars(number.data(), number.data() + number.size(), value);
       trainmem::detail::check(result.ec == std::errc{} && result.ptr == number.data() + number.size(),
-                    "GradScalerState::from_string: '", number, "' (key '", line.substr(0, eq),
-                    "') is not a number");
+                              "GradScalerState::from_string: '", number, "' (key '", line.substr(0, eq),
+                              "') is not a number");
       values[std::string(line.substr(0, eq))] = value;
     }
     return from_map(values);

@@ -20,8 +20,8 @@
 #include <string>
 #include <vector>
 
-#include "trainmem/core/stochastic_rounding.hpp"
 #include "trainmem/core/math.hpp"
+#include "trainmem/core/stochastic_rounding.hpp"
 #include "trainmem/optim/optimizer.hpp"
 #include "trainmem/state/state_dict.hpp"
 
@@ -29,9 +29,9 @@ namespace trainmem::amp {
 
 /// \brief How MasterWeights writes the 16-bit model copies.
 struct MasterWeightsOptions {
-  DType model_dtype = DType::BF16;  // f16 or bf16
+  DType model_dtype = DType::BF16;                    // f16 or bf16
   RoundingMode rounding = RoundingMode::NearestEven;  // Stochastic: bf16 only
-  std::uint64_t seed = 0;  // stochastic rounding's Philox seed
+  std::uint64_t seed = 0;                             // stochastic rounding's Philox seed
 };
 
 /// \brief f32 masters for a set of parameters whose values become 16-bit model copies.
@@ -43,18 +43,19 @@ class MasterWeights {
   /// into new masters. Gradients the parameters hold are dropped.
   explicit MasterWeights(std::vector<Var<B>> params, MasterWeightsOptions options = {})
       : params_(std::move(params)), options_(options) {
-    trainmem::detail::check(is_16bit(options.model_dtype), "amp::MasterWeights: the model dtype must be f16 or bf16, got ",
-                  options.model_dtype);
+    trainmem::detail::check(is_16bit(options.model_dtype),
+                            "amp::MasterWeights: the model dtype must be f16 or bf16, got ", options.model_dtype);
     trainmem::detail::check(options.rounding != RoundingMode::Stochastic || options.model_dtype == DType::BF16,
-                  "amp::MasterWeights: stochastic rounding writes bf16 model copies, the model dtype is ",
-                  options.model_dtype);
+                            "amp::MasterWeights: stochastic rounding writes bf16 model copies, the model dtype is ",
+                            options.model_dtype);
     masters_.reserve(params_.size());
     for (const Var<B>& p : params_) {
       trainmem::detail::check(p.defined() && p.requires_grad() && p.is_leaf() && p.tape() == nullptr,
-                    "amp::MasterWeights: '", p.defined() ? p.name() : "", "' is not a parameter");
+                              "amp::MasterWeights: '", p.defined() ? p.name() : "", "' is not a parameter");
       const Tensor<B> value = p.value();
-      trainmem::detail::check(value.dtype() == DType::F32 || value.dtype() == options.model_dtype, "amp::MasterWeights: '",
-                    p.name(), "' is ", value.dtype(), "; expected f32 or the model dtype ", options.model_dtype);
+      trainmem::detail::check(value.dtype() == DType::F32 || value.dtype() == options.model_dtype,
+                              "amp::MasterWeights: '", p.name(), "' is ", value.dtype(),
+                              "; expected f32 or the model dtype ", options.model_dtype);
       Tensor<B> master;
       if (value.dtype() == DType::F32) {
         master = value;

@@ -29,10 +29,10 @@ struct GradSlot {
 /// \brief Where one input's gradient goes.
 template <class B>
 struct Edge {
-  Node<B>* node = nullptr;               // producer of the input, or
-  int output = 0;                        //   which of its outputs
-  std::shared_ptr<GradSlot<B>> leaf;     // the leaf to accumulate into
-  DType dtype = DType::F32;              // the input's dtype: its gradient is cast to it
+  Node<B>* node = nullptr;            // producer of the input, or
+  int output = 0;                     //   which of its outputs
+  std::shared_ptr<GradSlot<B>> leaf;  // the leaf to accumulate into
+  DType dtype = DType::F32;           // the input's dtype: its gradient is cast to it
   bool wants_grad() const { return node != nullptr || leaf != nullptr; }
 };
 

@@ -19,9 +19,9 @@ enum class OpKind : std::uint8_t {
   Softmax,      // softmax, log_softmax
   Loss,         // cross entropy
   Embedding,
-  Random,       // dropout
-  Shape,        // reshape, transpose, masks
-  Tag,          // checkpoint_name: identity that names a tensor
+  Random,  // dropout
+  Shape,   // reshape, transpose, masks
+  Tag,     // checkpoint_name: identity that names a tensor
 };
 
 constexpr std::string_view name_of(OpKind kind) {

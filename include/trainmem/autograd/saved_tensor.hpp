@@ -3,10 +3,10 @@
 // NOTE [Saved tensors]
 // An op that needs a tensor in backward saves it here, never by capturing a Tensor.
 // With no hook active, packing keeps the tensor, and its bytes count as a saved
-// activation for as long as something keeps them (SavedRef). Inside a checkpoint region the region's SaveHook packs instead: it keeps
-// nothing (a placeholder naming a slot of the region), keeps what its policy says to
-// keep, or offloads. Unpacking a placeholder asks the region, which recomputes its
-// forward once and hands out slot after slot. No op knows about checkpointing.
+// activation for as long as something keeps them (SavedRef). Inside a checkpoint region the region's SaveHook packs
+// instead: it keeps nothing (a placeholder naming a slot of the region), keeps what its policy says to keep, or
+// offloads. Unpacking a placeholder asks the region, which recomputes its forward once and hands out slot after slot.
+// No op knows about checkpointing.
 //
 // A saved tensor remembers the version of its storage. If the storage was written in
 // place after the save (an optimizer step, a user's copy_from), unpack throws instead
@@ -25,10 +25,10 @@ namespace trainmem {
 
 /// What a pack hook learns about a tensor being saved.
 struct SaveInfo {
-  const OpIdentity* op;        // the op saving it
-  std::int64_t op_index;     // the op's ordinal under the active hook (-1 if none)
-  std::size_t bytes;         // size of the tensor
-  double flops;              // the op's estimated forward FLOPs
+  const OpIdentity* op;   // the op saving it
+  std::int64_t op_index;  // the op's ordinal under the active hook (-1 if none)
+  std::size_t bytes;      // size of the tensor
+  double flops;           // the op's estimated forward FLOPs
 };
 
 template <class B>
@@ -54,7 +54,6 @@ class SavedRef {
  private:
   Tensor<B> tensor_;
 };
-
 
 /// \brief Hands back a placeholder's tensor (implemented by checkpoint regions).
 template <class B>
@@ -113,7 +112,9 @@ class SavedTensor {
 
  private:
   SavedTensor(std::string_view op, const Tensor<B>& tensor)
-      : op_(op), shape_(tensor.defined() ? tensor.shape() : Shape{}), dtype_(tensor.defined() ? tensor.dtype() : DType::F32) {
+      : op_(op),
+        shape_(tensor.defined() ? tensor.shape() : Shape{}),
+        dtype_(tensor.defined() ? tensor.dtype() : DType::F32) {
     if (tensor.defined()) {
       storage_ = tensor.storage();
       version_ = tensor.version();
@@ -144,7 +145,8 @@ class SaveHook {
   /// Outputs kept from the forward for this op, to use instead of computing; or null.
   virtual const std::vector<Tensor<B>>* reuse_outputs(std::int64_t op_index) = 0;
   /// The op's outputs, once computed (a policy may keep them).
-  virtual void on_outputs(std::int64_t op_index, const OpIdentity& op, double flops, const std::vector<Tensor<B>>& outputs) = 0;
+  virtual void on_outputs(std::int64_t op_index, const OpIdentity& op, double flops,
+                          const std::vector<Tensor<B>>& outputs) = 0;
   /// Decides how a tensor an op needs in backward is kept.
   virtual SavedTensor<B> pack(const Tensor<B>& tensor, const SaveInfo& info) = 0;
 };

@@ -113,7 +113,8 @@ class Tape {
                   "belongs to another tape");
     detail::check(r.requires_grad, "backward: the root ", r.value.shape(),
                   " does not require grad (no parameter or grad-requiring input reaches it)");
-    detail::check(!backward_ran_, "backward: this tape's graph was freed by an earlier backward. For the next step, "
+    detail::check(!backward_ran_,
+                  "backward: this tape's graph was freed by an earlier backward. For the next step, "
                   "record on a new Tape or call tape.clear() first; to run backward twice over one graph, "
                   "pass retain_graph=true to the first backward");
     Tensor<B> seed_grad;
@@ -155,8 +156,8 @@ class Tape {
                     " was already released by an earlier backward; pass retain_graph=true to run backward twice");
       for (std::size_t i = 0; i < grad_outputs.size(); ++i)
         if (!grad_outputs[i].defined())
-          grad_outputs[i] = Tensor<B>::zeros(node->output_shapes[i], node->output_dtypes[i], MemCategory::Temporary,
-                                             *backend_);
+          grad_outputs[i] =
+              Tensor<B>::zeros(node->output_shapes[i], node->output_dtypes[i], MemCategory::Temporary, *backend_);
       Grads<B> grad_inputs = node->backward(grad_outputs);
       grad_outputs.clear();
       if (!retain_graph) node->release();

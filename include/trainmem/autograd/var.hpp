@@ -38,7 +38,7 @@ struct VarImpl {
   Tensor<B> value;
   Tape<B>* tape = nullptr;
   std::shared_ptr<const detail::TapeLife> tape_life;  // set with tape (Tape::adopt)
-  std::uint64_t tape_generation = 0;                   // the tape's generation when this Var was made
+  std::uint64_t tape_generation = 0;                  // the tape's generation when this Var was made
   Node<B>* grad_fn = nullptr;
   int output_nr = 0;
   bool requires_grad = false;

@@ -119,10 +119,8 @@ class CheckpointPlan {
   static std::vector<Segment> merge(std::vector<Segment> segments) {
     std::vector<Segment> out;
     for (const Segment& s : segments) {
-      if (!out.empty() && s.mode == StageMode::Keep && out.back().mode == StageMode::Keep)
-        out.back().end = s.end;
-      else
-        out.push_back(s);
+      if (!out.empty() && s.mode == StageMode::Keep && out.back().mode == StageMode::Keep) out.back().end = s.end;
+      else out.push_back(s);
     }
     return out;
   }
@@ -150,7 +148,10 @@ class Planner {
   /// `stages` must outlive the planner and its plans.
   Planner(const std::vector<Layer<B>>& stages, ChainStep<B> step, PlannerOptions options = {},
           B& backend = B::default_instance())
-      : stages_(&stages), step_(std::move(step)), options_(options), backend_(&backend),
+      : stages_(&stages),
+        step_(std::move(step)),
+        options_(options),
+        backend_(&backend),
         profile_(profile_chain(stages, step_, backend.memory(), options.profile_reps)) {}
 
   const ChainProfile& profile() const { return profile_; }

@@ -27,11 +27,11 @@
 #include <utility>
 #include <vector>
 
-#include "trainmem/ops/op_recorder.hpp"
 #include "trainmem/checkpoint/policy.hpp"
 #include "trainmem/checkpoint/region.hpp"
 #include "trainmem/checkpoint/sequential.hpp"
 #include "trainmem/core/memory_stats.hpp"
+#include "trainmem/ops/op_recorder.hpp"
 
 namespace trainmem {
 
@@ -42,12 +42,9 @@ inline constexpr int kStageModes = 3;
 
 inline const char* name_of(StageMode m) {
   switch (m) {
-    case StageMode::Keep:
-      return "keep";
-    case StageMode::Recompute:
-      return "recompute";
-    case StageMode::Selective:
-      return "selective";
+    case StageMode::Keep: return "keep";
+    case StageMode::Recompute: return "recompute";
+    case StageMode::Selective: return "selective";
   }
   return "?";
 }

@@ -163,8 +163,8 @@ inline PlanPrediction predict(const ChainProfile& p, const std::vector<Segment>&
 
 /// \brief Solver settings.
 struct SolverOptions {
-  std::int64_t buckets = 2000;           // memory resolution: the budget's range in this many steps
-  double work_limit = 2.5e8;             // at most N²·S bucket updates (fewer buckets on long chains)
+  std::int64_t buckets = 2000;  // memory resolution: the budget's range in this many steps
+  double work_limit = 2.5e8;    // at most N²·S bucket updates (fewer buckets on long chains)
   bool allow_selective = true;
 };
 
@@ -236,10 +236,10 @@ inline PlanSolution solve_once(const ChainProfile& p, int c, std::int64_t budget
     for (int mode = 1; mode < kStageModes; ++mode) {
       if (mode == 2 && !o.allow_selective) continue;
       const auto sm = static_cast<StageMode>(mode);
-      std::int64_t inner = 0;          // region-kept bytes of stages j..j2-1 minus their outputs
-      std::int64_t fwd_level = 0;      // running forward level
-      std::int64_t recomputed = 0;     // recompute of stages j..j2-2
-      std::int64_t recompute_peak = 0; // running max of recompute levels of stages j..j2-2
+      std::int64_t inner = 0;           // region-kept bytes of stages j..j2-1 minus their outputs
+      std::int64_t fwd_level = 0;       // running forward level
+      std::int64_t recomputed = 0;      // recompute of stages j..j2-2
+      std::int64_t recompute_peak = 0;  // running max of recompute levels of stages j..j2-2
       std::int64_t back_peak = std::numeric_limits<std::int64_t>::min();  // max of bwd_peak[0][k] - pe[k+1]
       double fwd_ms = 0.0, inner_ms = 0.0;
       // Selective regions span one stage: a longer one also keeps each inner stage's
@@ -264,8 +264,7 @@ inline PlanSolution solve_once(const ChainProfile& p, int c, std::int64_t budget
         cost.fwd_level = fwd_level;
         cost.bwd_level = std::max(recompute_peak, recomputed + st.bwd_peak[mode][c]);
         if (k > j)
-          cost.bwd_level =
-              std::max(cost.bwd_level, recomputed + st.bwd_change[mode][c] + pe[at(k)] + back_peak);
+          cost.bwd_level = std::max(cost.bwd_level, recomputed + st.bwd_change[mode][c] + pe[at(k)] + back_peak);
         cost.ms = fwd_ms + inner_ms + st.bwd_ms[mode];
         relax(j, j2, mode, cost);
         inner += st.kept[mode][c] - st.output_bytes;
@@ -298,7 +297,7 @@ inline PlanSolution solve_once(const ChainProfile& p, int c, std::int64_t budget
 /// The fastest schedule whose predicted peak on channel c is at most `budget`; not
 /// feasible when none is. The answer is always checked against `predict`.
 inline PlanSolution solve_chain(const ChainProfile& p, MemChannel channel, std::int64_t budget,
-                            const SolverOptions& options = {}) {
+                                const SolverOptions& options = {}) {
   const int c = static_cast<int>(channel);
   // Buckets rounded to nearest first; if rounding let a schedule through that the exact
   // model rejects, once more with every segment's bytes rounded up (never lets one through).
@@ -315,14 +314,12 @@ inline std::int64_t smallest_budget(const ChainProfile& p, MemChannel channel, c
                                     std::int64_t tolerance = 0) {
   const int c = static_cast<int>(channel);
   std::int64_t hi = predict(p, {{0, p.size(), StageMode::Keep}}).peak[c];  // plain always fits its own peak
-  std::int64_t lo = std::max(p.outside_peak[c], p.start_live[c]) - 1;       // never feasible below these
+  std::int64_t lo = std::max(p.outside_peak[c], p.start_live[c]) - 1;      // never feasible below these
   if (tolerance <= 0) tolerance = std::max<std::int64_t>(1, (hi - lo) / 4096);
   while (hi - lo > tolerance) {
     const std::int64_t mid = lo + (hi - lo) / 2;
-    if (solve_chain(p, channel, mid, options).feasible)
-      hi = mid;
-    else
-      lo = mid;
+    if (solve_chain(p, channel, mid, options).feasible) hi = mid;
+    else lo = mid;
   }
   return hi;
 }

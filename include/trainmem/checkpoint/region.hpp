@@ -32,9 +32,9 @@
 #include <utility>
 #include <vector>
 
-#include "trainmem/ops/op_recorder.hpp"
 #include "trainmem/checkpoint/policy.hpp"
 #include "trainmem/checkpoint/replay_state.hpp"
+#include "trainmem/ops/op_recorder.hpp"
 
 namespace trainmem {
 
@@ -57,9 +57,9 @@ struct CheckpointOptions {
 
 /// Counters of the calling thread's checkpoint activity (for tests and benchmarks).
 struct CheckpointStats {
-  std::int64_t regions = 0;          // regions entered with grad on
-  std::int64_t recomputes = 0;       // forward reruns during backward
-  std::int64_t ops_reused = 0;       // ops skipped in recompute because their outputs were kept
+  std::int64_t regions = 0;     // regions entered with grad on
+  std::int64_t recomputes = 0;  // forward reruns during backward
+  std::int64_t ops_reused = 0;  // ops skipped in recompute because their outputs were kept
   std::int64_t outputs_offloaded = 0;
 };
 inline CheckpointStats& checkpoint_stats() {
@@ -130,7 +130,8 @@ class Region final : public SaveHook<B>, public Unpacker<B>, public std::enable_
     return nullptr;
   }
 
-  void on_outputs(std::int64_t op_index, const OpIdentity& op, double flops, const std::vector<Tensor<B>>& outputs) override {
+  void on_outputs(std::int64_t op_index, const OpIdentity& op, double flops,
+                  const std::vector<Tensor<B>>& outputs) override {
     if (replaying_) return;
     compute_event_[op_index] = events_++;
     output_counts_[op_index] = outputs.size();
@@ -253,8 +254,8 @@ class Region final : public SaveHook<B>, public Unpacker<B>, public std::enable_
   /// Replay: the k-th save of the recompute fills the k-th save's slot of the forward.
   void fill(const Tensor<B>& tensor, const SaveInfo& info) {
     const std::size_t k = pack_cursor_++;
-    detail::check<CheckpointError>(k < packs_.size(), "checkpoint: recompute is not deterministic: op '",
-                                   info.op->name, "' saved tensor #", k, " but the forward saved only ", packs_.size());
+    detail::check<CheckpointError>(k < packs_.size(), "checkpoint: recompute is not deterministic: op '", info.op->name,
+                                   "' saved tensor #", k, " but the forward saved only ", packs_.size());
     const PackRecord& r = packs_[k];
     detail::check<CheckpointError>(r.op == info.op->name && r.shape == tensor.shape() && r.dtype == tensor.dtype(),
                                    "checkpoint: recompute is not deterministic: saved tensor #", k, " was ", r.dtype,
@@ -305,8 +306,10 @@ class Region final : public SaveHook<B>, public Unpacker<B>, public std::enable_
       } pop{tape_};
       try {
         body_(inputs);
-        detail::check<CheckpointError>(pack_cursor_ == packs_.size(), "checkpoint: recompute is not deterministic: "
-                                       "the forward saved ", packs_.size(), " tensors, the recompute ", pack_cursor_);
+        detail::check<CheckpointError>(pack_cursor_ == packs_.size(),
+                                       "checkpoint: recompute is not deterministic: "
+                                       "the forward saved ",
+                                       packs_.size(), " tensors, the recompute ", pack_cursor_);
       } catch (const StopRecompute&) {
       }
     }

@@ -26,8 +26,8 @@ inline std::int64_t sqrt_segments(std::int64_t n) {
 /// Runs layers in order on x, in `segments` contiguous segments (sizes differ by at most
 /// one); every segment but the last is a checkpoint region with `options`.
 template <class B>
-Var<B> checkpoint_sequential(Tape<B>& tape, const std::vector<Layer<B>>& layers, std::int64_t segments,
-                             const Var<B>& x, const CheckpointOptions& options = {}) {
+Var<B> checkpoint_sequential(Tape<B>& tape, const std::vector<Layer<B>>& layers, std::int64_t segments, const Var<B>& x,
+                             const CheckpointOptions& options = {}) {
   const auto n = static_cast<std::int64_t>(layers.size());
   detail::check(n > 0, "checkpoint_sequential: no layers");
   detail::check(segments >= 1 && segments <= n, "checkpoint_sequential: segments must be in [1, ", n, "], got ",

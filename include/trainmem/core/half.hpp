@@ -64,8 +64,8 @@ struct Half {
       return static_cast<std::uint16_t>(sign | 0x7c00u | nan_payload);
     }
     if (x >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // >= 65520: inf
-    if (x < 0x38800000u) {  // below 2^-14: subnormal half or zero
-      if (x < 0x33000000u) return static_cast<std::uint16_t>(sign);  // <= 2^-25 ties to 0
+    if (x < 0x38800000u) {                                                    // below 2^-14: subnormal half or zero
+      if (x < 0x33000000u) return static_cast<std::uint16_t>(sign);           // <= 2^-25 ties to 0
       const int exponent = static_cast<int>(x >> 23);
       const std::uint32_t mantissa = (x & 0x7fffffu) | 0x800000u;
       const int shift = 126 - exponent;  // value / 2^-24 == mantissa >> shift

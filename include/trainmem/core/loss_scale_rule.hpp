@@ -27,12 +27,12 @@ inline constexpr double kMaxScale = 3.4028234663852886e38;
 
 /// \brief The constants of the rule (GradScalerOptions fills them).
 struct ScaleUpdateArgs {
-  float growth_factor = 2.0f;           // applied after growth_interval clean steps in a row
-  float backoff_factor = 0.5f;          // applied on an overflow (after hysteresis)
-  std::int32_t growth_interval = 2000;  // clean steps between growths
+  float growth_factor = 2.0f;                 // applied after growth_interval clean steps in a row
+  float backoff_factor = 0.5f;                // applied on an overflow (after hysteresis)
+  std::int32_t growth_interval = 2000;        // clean steps between growths
   float min_scale = 1.1754943508222875e-38f;  // backoff never goes below this (nor below kMinScale)
-  float max_scale = 3.4028234663852886e38f;  // growth never goes above this
-  std::int32_t hysteresis = 1;          // consecutive overflows before a backoff; 1: every overflow (PyTorch)
+  float max_scale = 3.4028234663852886e38f;   // growth never goes above this
+  std::int32_t hysteresis = 1;                // consecutive overflows before a backoff; 1: every overflow (PyTorch)
 };
 
 /// Updates (scale, growth_tracker, hysteresis_left) in place given whether this step overflowed.

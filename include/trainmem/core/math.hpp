@@ -91,65 +91,107 @@ TRAINMEM_HOST_DEVICE float erf(float x) {
 
 // --- unary forward -------------------------------------------------------------
 struct Identity {
-  template <class T> TRAINMEM_HOST_DEVICE T operator()(T x) const { return x; }
+  template <class T>
+  TRAINMEM_HOST_DEVICE T operator()(T x) const {
+    return x;
+  }
 };
 /// `value` whatever the input: a constant made on the device (backward's seed of 1).
 struct Constant {
   double value;
-  template <class T> TRAINMEM_HOST_DEVICE T operator()(T) const { return static_cast<T>(value); }
+  template <class T>
+  TRAINMEM_HOST_DEVICE T operator()(T) const {
+    return static_cast<T>(value);
+  }
 };
 struct Scale {
   double alpha;
-  template <class T> TRAINMEM_HOST_DEVICE T operator()(T x) const { return static_cast<T>(alpha) * x; }
+  template <class T>
+  TRAINMEM_HOST_DEVICE T operator()(T x) const {
+    return static_cast<T>(alpha) * x;
+  }
 };
 struct Relu {
-  template <class T> TRAINMEM_HOST_DEVICE T operator()(T x) const { return x > T(0) ? x : T(0); }
+  template <class T>
+  TRAINMEM_HOST_DEVICE T operator()(T x) const {
+    return x > T(0) ? x : T(0);
+  }
 };
 struct Sigmoid {
-  template <class T> TRAINMEM_HOST_DEVICE T operator()(T x) const { return T(1) / (T(1) + exp(-x)); }
+  template <class T>
+  TRAINMEM_HOST_DEVICE T operator()(T x) const {
+    return T(1) / (T(1) + exp(-x));
+  }
 };
 struct Tanh {
-  template <class T> TRAINMEM_HOST_DEVICE T operator()(T x) const { return tanh(x); }
+  template <class T>
+  TRAINMEM_HOST_DEVICE T operator()(T x) const {
+    return tanh(x);
+  }
 };
 struct Exp {
-  template <class T> TRAINMEM_HOST_DEVICE T operator()(T x) const { return exp(x); }
+  template <class T>
+  TRAINMEM_HOST_DEVICE T operator()(T x) const {
+    return exp(x);
+  }
 };
 struct Log {
-  template <class T> TRAINMEM_HOST_DEVICE T operator()(T x) const { return log(x); }
+  template <class T>
+  TRAINMEM_HOST_DEVICE T operator()(T x) const {
+    return log(x);
+  }
 };
 
 /// GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 struct GeluTanh {
-  template <class T> TRAINMEM_HOST_DEVICE T operator()(T x) const {
+  template <class T>
+  TRAINMEM_HOST_DEVICE T operator()(T x) const {
     const T k = T(0.7978845608028654), c = T(0.044715);
     return T(0.5) * x * (T(1) + tanh(k * (x + c * x * x * x)));
   }
 };
 /// GELU, exact: x Phi(x) = 0.5 x (1 + erf(x / sqrt 2)).
 struct GeluErf {
-  template <class T> TRAINMEM_HOST_DEVICE T operator()(T x) const {
+  template <class T>
+  TRAINMEM_HOST_DEVICE T operator()(T x) const {
     return T(0.5) * x * (T(1) + erf(x * T(0.7071067811865476)));
   }
 };
 
 // --- unary backward: (dy, saved) -> dx ------------------------------------------
 struct ReluBackward {  // saved: output y
-  template <class T> TRAINMEM_HOST_DEVICE T operator()(T dy, T y) const { return y > T(0) ? dy : T(0); }
+  template <class T>
+  TRAINMEM_HOST_DEVICE T operator()(T dy, T y) const {
+    return y > T(0) ? dy : T(0);
+  }
 };
 struct SigmoidBackward {  // saved: output y
-  template <class T> TRAINMEM_HOST_DEVICE T operator()(T dy, T y) const { return dy * y * (T(1) - y); }
+  template <class T>
+  TRAINMEM_HOST_DEVICE T operator()(T dy, T y) const {
+    return dy * y * (T(1) - y);
+  }
 };
 struct TanhBackward {  // saved: output y
-  template <class T> TRAINMEM_HOST_DEVICE T operator()(T dy, T y) const { return dy * (T(1) - y * y); }
+  template <class T>
+  TRAINMEM_HOST_DEVICE T operator()(T dy, T y) const {
+    return dy * (T(1) - y * y);
+  }
 };
 struct ExpBackward {  // saved: output y
-  template <class T> TRAINMEM_HOST_DEVICE T operator()(T dy, T y) const { return dy * y; }
+  template <class T>
+  TRAINMEM_HOST_DEVICE T operator()(T dy, T y) const {
+    return dy * y;
+  }
 };
 struct LogBackward {  // saved: input x
-  template <class T> TRAINMEM_HOST_DEVICE T operator()(T dy, T x) const { return dy / x; }
+  template <class T>
+  TRAINMEM_HOST_DEVICE T operator()(T dy, T x) const {
+    return dy / x;
+  }
 };
 struct GeluTanhBackward {  // saved: input x
-  template <class T> TRAINMEM_HOST_DEVICE T operator()(T dy, T x) const {
+  template <class T>
+  TRAINMEM_HOST_DEVICE T operator()(T dy, T x) const {
     const T k = T(0.7978845608028654), c = T(0.044715);
     const T inner = k * (x + c * x * x * x);
     const T t = tanh(inner);
@@ -158,7 +200,8 @@ struct GeluTanhBackward {  // saved: input x
   }
 };
 struct GeluErfBackward {  // saved: input x
-  template <class T> TRAINMEM_HOST_DEVICE T operator()(T dy, T x) const {
+  template <class T>
+  TRAINMEM_HOST_DEVICE T operator()(T dy, T x) const {
     const T cdf = T(0.5) * (T(1) + erf(x * T(0.7071067811865476)));
     const T pdf = T(0.3989422804014327) * exp(T(-0.5) * x * x);
     return dy * (cdf + x * pdf);
@@ -167,18 +210,30 @@ struct GeluErfBackward {  // saved: input x
 
 // --- binary ------------------------------------------------------------------------
 struct Add {
-  template <class T> TRAINMEM_HOST_DEVICE T operator()(T a, T b) const { return a + b; }
+  template <class T>
+  TRAINMEM_HOST_DEVICE T operator()(T a, T b) const {
+    return a + b;
+  }
 };
 struct Sub {
-  template <class T> TRAINMEM_HOST_DEVICE T operator()(T a, T b) const { return a - b; }
+  template <class T>
+  TRAINMEM_HOST_DEVICE T operator()(T a, T b) const {
+    return a - b;
+  }
 };
 struct Mul {
-  template <class T> TRAINMEM_HOST_DEVICE T operator()(T a, T b) const { return a * b; }
+  template <class T>
+  TRAINMEM_HOST_DEVICE T operator()(T a, T b) const {
+    return a * b;
+  }
 };
 /// a + alpha * b: gradient accumulation and axpy.
 struct AddScaled {
   double alpha;
-  template <class T> TRAINMEM_HOST_DEVICE T operator()(T a, T b) const { return a + static_cast<T>(alpha) * b; }
+  template <class T>
+  TRAINMEM_HOST_DEVICE T operator()(T a, T b) const {
+    return a + static_cast<T>(alpha) * b;
+  }
 };
 
 // --- dropout: keep with probability 1-p, scale kept values by 1/(1-p) ----------------

@@ -36,8 +36,8 @@ inline constexpr std::size_t kMemCategoryCount = 8;
 
 constexpr std::string_view name_of(MemCategory category) {
   constexpr std::array<std::string_view, kMemCategoryCount> names = {
-      "parameter", "gradient",  "master_weight", "optimizer_state",
-      "saved_activation", "temporary", "workspace", "host_offload"};
+      "parameter",        "gradient",  "master_weight", "optimizer_state",
+      "saved_activation", "temporary", "workspace",     "host_offload"};
   return names[static_cast<std::size_t>(category)];
 }
 
@@ -53,8 +53,12 @@ class MemoryStats {
     std::string label;  // only for marks
   };
 
-  void on_allocate(MemCategory category, std::size_t bytes) { change(category, static_cast<std::int64_t>(bytes), Event::Allocate); }
-  void on_free(MemCategory category, std::size_t bytes) { change(category, -static_cast<std::int64_t>(bytes), Event::Free); }
+  void on_allocate(MemCategory category, std::size_t bytes) {
+    change(category, static_cast<std::int64_t>(bytes), Event::Allocate);
+  }
+  void on_free(MemCategory category, std::size_t bytes) {
+    change(category, -static_cast<std::int64_t>(bytes), Event::Free);
+  }
   /// Moves live bytes from one category to another (a temporary becoming saved).
   void on_retag(MemCategory from, MemCategory to, std::size_t bytes) {
     if (from == to) return;
@@ -62,11 +66,21 @@ class MemoryStats {
     change(to, static_cast<std::int64_t>(bytes), Event::Retag);
   }
 
-  std::int64_t live(MemCategory c) const { return locked([&] { return live_[index(c)]; }); }
-  std::int64_t peak(MemCategory c) const { return locked([&] { return peak_[index(c)]; }); }
-  std::int64_t live_total() const { return locked([&] { return live_total_; }); }
-  std::int64_t peak_total() const { return locked([&] { return peak_total_; }); }
-  std::int64_t allocations() const { return locked([&] { return allocations_; }); }
+  std::int64_t live(MemCategory c) const {
+    return locked([&] { return live_[index(c)]; });
+  }
+  std::int64_t peak(MemCategory c) const {
+    return locked([&] { return peak_[index(c)]; });
+  }
+  std::int64_t live_total() const {
+    return locked([&] { return live_total_; });
+  }
+  std::int64_t peak_total() const {
+    return locked([&] { return peak_total_; });
+  }
+  std::int64_t allocations() const {
+    return locked([&] { return allocations_; });
+  }
 
   /// Starts a new peak window: every peak becomes the current live value.
   void reset_peak() {
@@ -79,7 +93,9 @@ class MemoryStats {
     std::lock_guard lock(mutex_);
     recording_ = on;
   }
-  bool recording_timeline() const { return locked([&] { return recording_; }); }
+  bool recording_timeline() const {
+    return locked([&] { return recording_; });
+  }
   const std::vector<TimelineEntry>& timeline() const { return timeline_; }
   void clear_timeline() {
     std::lock_guard lock(mutex_);
@@ -124,12 +140,9 @@ class MemoryStats {
 /// Bytes for a person: "12.34 MiB", "456.0 KiB", "789 B".
 inline std::string format_bytes(double bytes) {
   char text[32];
-  if (bytes >= 1024.0 * 1024.0)
-    std::snprintf(text, sizeof text, "%.2f MiB", bytes / (1024.0 * 1024.0));
-  else if (bytes >= 1024.0)
-    std::snprintf(text, sizeof text, "%.1f KiB", bytes / 1024.0);
-  else
-    std::snprintf(text, sizeof text, "%.0f B", bytes);
+  if (bytes >= 1024.0 * 1024.0) std::snprintf(text, sizeof text, "%.2f MiB", bytes / (1024.0 * 1024.0));
+  else if (bytes >= 1024.0) std::snprintf(text, sizeof text, "%.1f KiB", bytes / 1024.0);
+  else std::snprintf(text, sizeof text, "%.0f B", bytes);
   return text;
 }
 

@@ -42,7 +42,10 @@ TRAINMEM_HOST_DEVICE Philox4 philox4x32_10(std::uint64_t counter, std::uint64_t 
     mul_hi_lo(0xD2511F53u, c0, hi0, lo0);
     mul_hi_lo(0xCD9E8D57u, c2, hi1, lo1);
     const std::uint32_t n0 = hi1 ^ c1 ^ k0, n1 = lo1, n2 = hi0 ^ c3 ^ k1, n3 = lo0;
-    c0 = n0; c1 = n1; c2 = n2; c3 = n3;
+    c0 = n0;
+    c1 = n1;
+    c2 = n2;
+    c3 = n3;
     k0 += 0x9E3779B9u;
     k1 += 0xBB67AE85u;
   }

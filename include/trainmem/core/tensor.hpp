@@ -62,7 +62,6 @@ class Storage {
   std::int64_t saved_refs_ = 0;
 };
 
-
 /// \brief Contiguous row-major tensor with a run-time dtype, on backend B.
 template <class B>
 class Tensor {

@@ -41,7 +41,8 @@ class Init {
   }
   template <class B>
   Var<B> parameter(Shape shape, const std::vector<double>& values, DType dtype, std::string name) {
-    return Var<B>::parameter(Tensor<B>::from_host(std::move(shape), values, dtype, MemCategory::Parameter), std::move(name));
+    return Var<B>::parameter(Tensor<B>::from_host(std::move(shape), values, dtype, MemCategory::Parameter),
+                             std::move(name));
   }
 
  private:

@@ -23,8 +23,8 @@ class LayerNorm : public Module<B> {
         "weight", init.parameter<B>(Shape{dim}, std::vector<double>(static_cast<std::size_t>(dim), 1.0), dtype,
                                     name + ".weight"));
     beta_ = this->register_parameter(
-        "bias", init.parameter<B>(Shape{dim}, std::vector<double>(static_cast<std::size_t>(dim), 0.0), dtype,
-                                  name + ".bias"));
+        "bias",
+        init.parameter<B>(Shape{dim}, std::vector<double>(static_cast<std::size_t>(dim), 0.0), dtype, name + ".bias"));
   }
   Var<B> operator()(const Var<B>& x) const { return layer_norm(x, gamma_, beta_, eps_); }
 

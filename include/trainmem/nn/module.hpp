@@ -106,8 +106,8 @@ class Module {
       out << "  " << std::left << std::setw(static_cast<int>(width)) << label << "  " << std::setw(18) << c.type
           << std::right << std::setw(14) << grouped(c.count) << "\n";
     }
-    out << "  " << grouped(parameter_count()) << " parameters in " << params_.size() << " tensors, "
-        << grouped(bytes) << " bytes\n";
+    out << "  " << grouped(parameter_count()) << " parameters in " << params_.size() << " tensors, " << grouped(bytes)
+        << " bytes\n";
     return out.str();
   }
 

@@ -34,9 +34,8 @@ Var<B> activation(const OpInfo& op, const Var<B>& x) {
   SavedTensor<B> saved = keep == Keep::Input ? rec.save(tx) : SavedTensor<B>();
   auto out = rec.compute([&] { return std::vector<Tensor<B>>{unary(Forward{}, tx, dtype)}; });
   if (keep == Keep::Output) saved = rec.save(out[0]);
-  return rec.finish(out[0], [=](const Grads<B>& g) {
-    return Grads<B>{binary(Backward{}, g[0], saved.unpack(), g[0].dtype())};
-  });
+  return rec.finish(
+      out[0], [=](const Grads<B>& g) { return Grads<B>{binary(Backward{}, g[0], saved.unpack(), g[0].dtype())}; });
 }
 
 }  // namespace detail

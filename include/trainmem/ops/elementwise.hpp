@@ -78,7 +78,8 @@ Var<B> mul(const Var<B>& a, const Var<B>& b) {
   return rec.finish(out[0], [=](const Grads<B>& g) {
     Grads<B> grads(2);
     if (need_a) grads[0] = detail::binary(math::Mul{}, g[0], saved_b.unpack(), g[0].dtype());
-    if (need_b) grads[1] = detail::reduce_to(detail::binary(math::Mul{}, g[0], saved_a.unpack(), g[0].dtype()), b_shape);
+    if (need_b)
+      grads[1] = detail::reduce_to(detail::binary(math::Mul{}, g[0], saved_a.unpack(), g[0].dtype()), b_shape);
     return grads;
   });
 }
@@ -92,15 +93,29 @@ Var<B> scale(const Var<B>& x, double alpha) {
   const DType dtype = rec.compute_dtype();
   Tensor<B> tx = rec.input(0);
   auto out = rec.compute([&] { return std::vector<Tensor<B>>{detail::unary(math::Scale{alpha}, tx, dtype)}; });
-  return rec.finish(out[0], [=](const Grads<B>& g) {
-    return Grads<B>{detail::unary(math::Scale{alpha}, g[0], g[0].dtype())};
-  });
+  return rec.finish(out[0],
+                    [=](const Grads<B>& g) { return Grads<B>{detail::unary(math::Scale{alpha}, g[0], g[0].dtype())}; });
 }
 
-template <class B> Var<B> operator+(const Var<B>& a, const Var<B>& b) { return add(a, b); }
-template <class B> Var<B> operator-(const Var<B>& a, const Var<B>& b) { return sub(a, b); }
-template <class B> Var<B> operator*(const Var<B>& a, const Var<B>& b) { return mul(a, b); }
-template <class B> Var<B> operator*(const Var<B>& a, double alpha) { return scale(a, alpha); }
-template <class B> Var<B> operator*(double alpha, const Var<B>& a) { return scale(a, alpha); }
+template <class B>
+Var<B> operator+(const Var<B>& a, const Var<B>& b) {
+  return add(a, b);
+}
+template <class B>
+Var<B> operator-(const Var<B>& a, const Var<B>& b) {
+  return sub(a, b);
+}
+template <class B>
+Var<B> operator*(const Var<B>& a, const Var<B>& b) {
+  return mul(a, b);
+}
+template <class B>
+Var<B> operator*(const Var<B>& a, double alpha) {
+  return scale(a, alpha);
+}
+template <class B>
+Var<B> operator*(double alpha, const Var<B>& a) {
+  return scale(a, alpha);
+}
 
 }  // namespace trainmem

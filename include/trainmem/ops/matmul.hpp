@@ -37,7 +37,8 @@ inline GemmArgs gemm_args(bool trans_a, bool trans_b, std::int64_t batch, std::i
 /// c (+)= op(a) op(b) for [batch] stacks; a batch stride of 0 shares a matrix.
 template <class B>
 void gemm(const Tensor<B>& a, bool trans_a, const Tensor<B>& b, bool trans_b, const Tensor<B>& c, std::int64_t batch,
-          std::int64_t m, std::int64_t n, std::int64_t k, bool share_a = false, bool share_b = false, double beta = 0.0) {
+          std::int64_t m, std::int64_t n, std::int64_t k, bool share_a = false, bool share_b = false,
+          double beta = 0.0) {
   a.backend().gemm(gemm_args(trans_a, trans_b, batch, m, n, k, share_a, share_b, beta), a, b, c);
 }
 
@@ -51,8 +52,8 @@ concept HasGemmBias = requires(B& backend, const GemmArgs& args, const Tensor<B>
 
 /// Shared forward/backward of C[batch] = op(A[batch]) op(B[batch]).
 template <class B>
-Var<B> matmul_impl(const OpInfo& info, const Var<B>& a, const Var<B>& b, bool trans_a, bool trans_b,
-                   std::int64_t batch, std::int64_t m, std::int64_t n, std::int64_t k, Shape out_shape) {
+Var<B> matmul_impl(const OpInfo& info, const Var<B>& a, const Var<B>& b, bool trans_a, bool trans_b, std::int64_t batch,
+                   std::int64_t m, std::int64_t n, std::int64_t k, Shape out_shape) {
   OpRecorder<B> rec(info, {a, b}, 2.0 * batch * m * n * k);
   const DType dtype = rec.compute_dtype();
   Tensor<B> ta = rec.input(0), tb = rec.input(1);
@@ -71,7 +72,7 @@ Var<B> matmul_impl(const OpInfo& info, const Var<B>& a, const Var<B>& b, bool tr
     if (need_a) {
       const Tensor<B> B_ = saved_b.unpack();
       Tensor<B> da = new_tensor(dc.backend(), shape_a, dc.dtype());
-      if (!trans_a) gemm(dc, false, B_, !trans_b, da, batch, m, k, n);   // [m,n] x op(B)^T
+      if (!trans_a) gemm(dc, false, B_, !trans_b, da, batch, m, k, n);  // [m,n] x op(B)^T
       else gemm(B_, trans_b, dc, true, da, batch, k, m, n);             // op(B) [k,n] x dC^T
       grads[0] = da;
     }
@@ -138,9 +139,9 @@ Var<B> linear(const Var<B>& x, const Var<B>& weight, const Var<B>& bias = Var<B>
   out_dims.back() = out_features;
   const Shape out_shape(out_dims);
 
-  OpRecorder<B> rec(info, has_bias ? std::initializer_list<Var<B>>{x, weight, bias}
-                                   : std::initializer_list<Var<B>>{x, weight},
-                    2.0 * rows * in * out_features);
+  OpRecorder<B> rec(
+      info, has_bias ? std::initializer_list<Var<B>>{x, weight, bias} : std::initializer_list<Var<B>>{x, weight},
+      2.0 * rows * in * out_features);
   const DType dtype = rec.compute_dtype();
   Tensor<B> tx = rec.input(0), tw = rec.input(1);
   Tensor<B> tb = has_bias ? rec.input(2) : Tensor<B>();

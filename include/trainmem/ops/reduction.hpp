@@ -28,9 +28,7 @@ Var<B> reduce_all(const OpInfo& op, const Var<B>& x, bool mean) {
   });
   const Shape shape = tx.shape();
   const DType dtype = tx.dtype();
-  return rec.finish(out[0], [=](const Grads<B>& g) {
-    return Grads<B>{broadcast_scalar(g[0], shape, dtype, factor)};
-  });
+  return rec.finish(out[0], [=](const Grads<B>& g) { return Grads<B>{broadcast_scalar(g[0], shape, dtype, factor)}; });
 }
 }  // namespace detail
 

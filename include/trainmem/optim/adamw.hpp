@@ -72,8 +72,8 @@ class AdamW : public Optimizer<B> {
               const StepControl<B>& control) override {
     B& backend = target.backend();
     backend.map(math::Mul{}, e.step_state, power_factor(backend), e.step_state);
-    const math::AdamWUpdate update{options_.lr, options_.beta1, options_.beta2, options_.eps, options_.weight_decay,
-                                   grad_scale,  1.0,            1.0};
+    const math::AdamWUpdate update{
+        options_.lr, options_.beta1, options_.beta2, options_.eps, options_.weight_decay, grad_scale, 1.0, 1.0};
     this->apply(e, target, grad, detail::AdamWPoweredUpdate{update, e.step_state.template data_as<const double>()},
                 control);
   }
@@ -94,7 +94,8 @@ class AdamW : public Optimizer<B> {
 
  private:
   static void validate(const AdamWOptions& options, const char* who) {
-    detail::check(options.lr >= 0 && options.eps > 0 && options.weight_decay >= 0, who, ": lr >= 0, eps > 0 and "
+    detail::check(options.lr >= 0 && options.eps > 0 && options.weight_decay >= 0, who,
+                  ": lr >= 0, eps > 0 and "
                   "weight_decay >= 0 are required");
     detail::check(options.beta1 >= 0 && options.beta1 < 1 && options.beta2 >= 0 && options.beta2 < 1, who,
                   ": betas must be in [0, 1), got ", options.beta1, ", ", options.beta2);

@@ -1,11 +1,10 @@
 // trainmem/optim/clip_grad_norm.hpp — global gradient-norm clipping.
 //
 // The norm is over all gradients together, sqrt(sum of every element squared),
-// accumulated in f64 by the backend (f32 overflows for finite gradients above ~1e19); if it exceeds max_norm every gradient is
-// multiplied by max_norm / (norm + 1e-6) (torch.nn.utils.clip_grad_norm_'s rule).
-// With a loss scaler the gradients must be unscaled first: scaler.unscale_(optimizer),
-// then clip, then scaler.step(optimizer). The norm is read on the host to return it
-// and to decide whether to scale (one device sync). A non-finite norm leaves the
+// accumulated in f64 by the backend (f32 overflows for finite gradients above ~1e19); if it exceeds max_norm every
+// gradient is multiplied by max_norm / (norm + 1e-6) (torch.nn.utils.clip_grad_norm_'s rule). With a loss scaler the
+// gradients must be unscaled first: scaler.unscale_(optimizer), then clip, then scaler.step(optimizer). The norm is
+// read on the host to return it and to decide whether to scale (one device sync). A non-finite norm leaves the
 // gradients as they are: the scaler's step skips such a step anyway.
 #pragma once
 

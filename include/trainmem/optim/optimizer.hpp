@@ -36,11 +36,11 @@
 #include <string>
 #include <vector>
 
-#include "trainmem/core/stochastic_rounding.hpp"
 #include "trainmem/autograd/grad_mode.hpp"
 #include "trainmem/autograd/var.hpp"
 #include "trainmem/core/math.hpp"
 #include "trainmem/core/rng.hpp"
+#include "trainmem/core/stochastic_rounding.hpp"
 #include "trainmem/state/state_dict.hpp"
 
 namespace trainmem {
@@ -158,11 +158,10 @@ class Optimizer {
   /// these parameters and holds valid options; modifies nothing.
   void check_state(const StateDict& state) const {
     names_or_throw("load_state");
-    std::map<std::string, ExpectedEntry> expected = {
-        {"steps", {StateType::I64, Shape{}}},
-        {"copy_rounding.mode", {StateType::I64, Shape{}}},
-        {"copy_rounding.seed", {StateType::U64, Shape{}}},
-        {"copy_rounding.offset", {StateType::U64, Shape{}}}};
+    std::map<std::string, ExpectedEntry> expected = {{"steps", {StateType::I64, Shape{}}},
+                                                     {"copy_rounding.mode", {StateType::I64, Shape{}}},
+                                                     {"copy_rounding.seed", {StateType::U64, Shape{}}},
+                                                     {"copy_rounding.offset", {StateType::U64, Shape{}}}};
     for (const auto& [key, value] : options_map()) expected["options." + key] = {StateType::F64, Shape{}};
     for (const auto& e : entries_) {
       const std::string p = "params." + e.param.name() + ".";
@@ -235,8 +234,9 @@ class Optimizer {
       rounding = {rounding_mode_, rounding_rng_.take(static_cast<std::uint64_t>(target.numel()))};
     const Tensor<B> copy = e.master.defined() ? e.param.value() : Tensor<B>();
     if (control.grad_divisor.defined()) {
-      target.backend().apply_update(detail::DivideGrad<Update>{update, control.grad_divisor.template data_as<const float>()},
-                                    target, grad, e.state1, e.state2, copy, control.found_inf, rounding);
+      target.backend().apply_update(
+          detail::DivideGrad<Update>{update, control.grad_divisor.template data_as<const float>()}, target, grad,
+          e.state1, e.state2, copy, control.found_inf, rounding);
     } else {
       target.backend().apply_update(update, target, grad, e.state1, e.state2, copy, control.found_inf, rounding);
     }
@@ -290,8 +290,7 @@ class Optimizer {
     const StateEntry& entry = state.at(name);
     if (tensor.defined() && tensor.shape() == entry.shape && state_type_of(tensor.dtype()) == entry.type)
       entry.copy_to(tensor);
-    else
-      tensor = entry.to_tensor(MemCategory::OptimizerState, like.backend());
+    else tensor = entry.to_tensor(MemCategory::OptimizerState, like.backend());
   }
 
   void run_step(double grad_scale, const StepControl<B>& control) {

@@ -66,8 +66,9 @@ class SGD : public Optimizer<B> {
 
   void update(ParamGroupEntry<B>& e, const Tensor<B>& target, const Tensor<B>& grad, double grad_scale,
               const StepControl<B>& control) override {
-    const math::SgdUpdate update{options_.lr,     options_.momentum, options_.dampening, options_.weight_decay,
-                                 grad_scale,      options_.nesterov, false};
+    const math::SgdUpdate update{
+        options_.lr, options_.momentum, options_.dampening, options_.weight_decay, grad_scale, options_.nesterov,
+        false};
     if (options_.momentum == 0.0) {
       this->apply(e, target, grad, update, control);
       return;

@@ -46,7 +46,8 @@ void put_le(std::vector<std::byte>& out, T value) {
 /// Reads fixed-size fields out of a byte range, failing (as a corrupt file) past its end.
 class StateReader {
  public:
-  StateReader(const std::byte* data, std::size_t size, const std::string& path) : p_(data), end_(data + size), path_(path) {}
+  StateReader(const std::byte* data, std::size_t size, const std::string& path)
+      : p_(data), end_(data + size), path_(path) {}
   template <class T>
   T get() {
     T value;

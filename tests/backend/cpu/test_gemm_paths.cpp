@@ -88,9 +88,9 @@ std::pair<std::int64_t, double> run_case(const Case& cs, B& backend) {
   const T a = testing::random_tensor(Shape{a_entries * a_size}, 200, -1, 1, cs.ab, backend);
   const T b = testing::random_tensor(Shape{b_entries * b_size}, 201, -1, 1, cs.ab, backend);
   const T c = testing::random_tensor(Shape{g.batch * g.m * g.n}, 202, -1, 1, cs.c, backend);
-  const T bias = testing::random_tensor(Shape{g.n}, 203, -1, 1,
-                                        cs.bias_dtype.value_or(cs.c), backend);
-  const auto av = a.to_host<double>(), bv = b.to_host<double>(), c0 = c.to_host<double>(), biasv = bias.to_host<double>();
+  const T bias = testing::random_tensor(Shape{g.n}, 203, -1, 1, cs.bias_dtype.value_or(cs.c), backend);
+  const auto av = a.to_host<double>(), bv = b.to_host<double>(), c0 = c.to_host<double>(),
+             biasv = bias.to_host<double>();
   if (cs.bias) backend.gemm_bias(g, a, b, bias, c, cs.gelu);
   else backend.gemm(g, a, b, c);
   const auto got = c.to_host<double>();
@@ -171,8 +171,8 @@ TEST_CASE("every CPU GEMM path fuses bias (any dtype) and GELU before C's one ro
   cs.g.beta = 0.25;
   B backend;
   const char* taken = taken_path(cs.g, dtype, dtype, true, gelu);
-  INFO("forced " << path_name(path) << ", took " << taken << "; " << dtype << " bias " << bias_dtype << " gelu "
-                 << gelu << " alpha " << alpha);
+  INFO("forced " << path_name(path) << ", took " << taken << "; " << dtype << " bias " << bias_dtype << " gelu " << gelu
+                 << " alpha " << alpha);
   const auto [outside, worst] = run_case(cs, backend);
   INFO("outside bound: " << outside << ", worst error/bound " << worst);
   CHECK(outside == 0);
@@ -182,8 +182,8 @@ TEST_CASE("every CPU GEMM path fuses bias (any dtype) and GELU before C's one ro
 TEST_CASE("every CPU GEMM path matches F64 on batches: strided and shared operands", "[backend][cpu][gemm]") {
   const cpu::GemmPath path = GENERATE(from_range(paths()));
   const DType dtype = GENERATE(DType::F32, DType::BF16, DType::F16);
-  const auto [stride_a_zero, stride_b_zero] = GENERATE(std::pair{false, false}, std::pair{false, true},
-                                                       std::pair{true, false});
+  const auto [stride_a_zero, stride_b_zero] =
+      GENERATE(std::pair{false, false}, std::pair{false, true}, std::pair{true, false});
   const bool ta = GENERATE(false, true), tb = GENERATE(false, true);
   const ForcedPath forced(path);
   Case cs{GemmArgs{}, dtype, dtype, true, false, std::nullopt};
@@ -198,9 +198,8 @@ TEST_CASE("every CPU GEMM path matches F64 on batches: strided and shared operan
   g.stride_b = stride_b_zero ? 0 : g.k * g.n;
   g.stride_c = g.m * g.n;
   B backend;
-  INFO("forced " << path_name(path) << ", took " << taken_path(g, dtype, dtype, true) << "; " << dtype
-                 << " shared A " << stride_a_zero << " shared B " << stride_b_zero << " trans_a " << ta << " trans_b "
-                 << tb);
+  INFO("forced " << path_name(path) << ", took " << taken_path(g, dtype, dtype, true) << "; " << dtype << " shared A "
+                 << stride_a_zero << " shared B " << stride_b_zero << " trans_a " << ta << " trans_b " << tb);
   const auto [outside, worst] = run_case(cs, backend);
   INFO("outside bound: " << outside << ", worst error/bound " << worst);
   CHECK(outside == 0);
@@ -223,7 +222,8 @@ TEST_CASE("every CPU GEMM path gives C = beta C + bias for k = 0", "[backend][cp
   CHECK(outside == 0);
 }
 
-TEST_CASE("TRAINMEM_CPU_GEMM names a path; the 16-bit rule follows AMX, the F32 rule the shape", "[backend][cpu][gemm]") {
+TEST_CASE("TRAINMEM_CPU_GEMM names a path; the 16-bit rule follows AMX, the F32 rule the shape",
+          "[backend][cpu][gemm]") {
   GemmArgs g;
   g.m = g.n = g.k = 64;
   const ForcedPath forced(cpu::GemmPath::Auto);

@@ -9,7 +9,7 @@ namespace tmem = trainmem;
 using B = tmem::cpu::Backend;
 
 int main() {
-  const std::vector<double> points = {1.0, 0.0,  0.9, 0.2,  -1.0, 0.1,  -0.8, -0.3};
+  const std::vector<double> points = {1.0, 0.0, 0.9, 0.2, -1.0, 0.1, -0.8, -0.3};
   const std::vector<double> classes = {0, 0, 1, 1};
   const auto labels = tmem::Tensor<B>::from_host(tmem::Shape{4}, classes, tmem::DType::I32);
 

@@ -52,7 +52,7 @@ class Allocator {
     } else {
       ptr = std::aligned_alloc(kAlignment, rounded);
       trainmem::detail::check(ptr != nullptr, "cpu::Allocator: out of memory allocating ", bytes, " bytes for ",
-                    name_of(category), " (live ", stats_.live_total(), " bytes)");
+                              name_of(category), " (live ", stats_.live_total(), " bytes)");
     }
     stats_.on_allocate(category, bytes);
     return ptr;

@@ -14,9 +14,9 @@
 
 #include "trainmem/backend/cpu/allocator.hpp"
 #include "trainmem/backend/cpu/gemm.hpp"
+#include "trainmem/backend/cpu/kernels.hpp"
 #include "trainmem/core/loss_scale_rule.hpp"
 #include "trainmem/core/stochastic_rounding.hpp"
-#include "trainmem/backend/cpu/kernels.hpp"
 #include "trainmem/core/tensor.hpp"
 
 namespace trainmem::cpu {
@@ -44,10 +44,18 @@ class Backend {
   void* allocate(std::size_t bytes, MemCategory category) { return allocator_.allocate(bytes, category); }
   void deallocate(void* ptr, std::size_t bytes, MemCategory category) { allocator_.deallocate(ptr, bytes, category); }
   // Zero bytes touch nothing (an empty std::vector's data() may be null, which memcpy may not see).
-  void upload(void* dst, const void* src, std::size_t bytes) { if (bytes != 0) std::memcpy(dst, src, bytes); }
-  void download(void* dst, const void* src, std::size_t bytes) { if (bytes != 0) std::memcpy(dst, src, bytes); }
-  void copy(void* dst, const void* src, std::size_t bytes) { if (bytes != 0) std::memmove(dst, src, bytes); }
-  void fill_zero(void* dst, std::size_t bytes) { if (bytes != 0) std::memset(dst, 0, bytes); }
+  void upload(void* dst, const void* src, std::size_t bytes) {
+    if (bytes != 0) std::memcpy(dst, src, bytes);
+  }
+  void download(void* dst, const void* src, std::size_t bytes) {
+    if (bytes != 0) std::memcpy(dst, src, bytes);
+  }
+  void copy(void* dst, const void* src, std::size_t bytes) {
+    if (bytes != 0) std::memmove(dst, src, bytes);
+  }
+  void fill_zero(void* dst, std::size_t bytes) {
+    if (bytes != 0) std::memset(dst, 0, bytes);
+  }
   /// Work queued so far is finished (nothing to wait for on the CPU).
   void synchronize() {}
 
@@ -97,9 +105,8 @@ class Backend {
   template <class Op>
   void map(Op op, const TensorT& in, const TensorT& out) {
     visit_floating(in.dtype(), "map", [&]<class TI>() {
-      visit_floating(out.dtype(), "map", [&]<class TO>() {
-        detail::map_unary(op, in.data_as<const TI>(), out.data_as<TO>(), in.numel());
-      });
+      visit_floating(out.dtype(), "map",
+                     [&]<class TO>() { detail::map_unary(op, in.data_as<const TI>(), out.data_as<TO>(), in.numel()); });
     });
   }
 
@@ -129,9 +136,8 @@ class Backend {
 
   void sum_all(const TensorT& in, const TensorT& out) {
     visit_floating(in.dtype(), "sum_all", [&]<class TI>() {
-      visit_floating(out.dtype(), "sum_all", [&]<class TO>() {
-        detail::sum_all(in.data_as<const TI>(), out.data_as<TO>(), in.numel());
-      });
+      visit_floating(out.dtype(), "sum_all",
+                     [&]<class TO>() { detail::sum_all(in.data_as<const TI>(), out.data_as<TO>(), in.numel()); });
     });
   }
 
@@ -176,8 +182,8 @@ class Backend {
       const auto bad_row = detail::cross_entropy(logits.data_as<const T>(), labels.data_as<const std::int32_t>(),
                                                  loss.data_as<Acc>(), lse.data_as<Acc>(), logits.rows(), logits.cols());
       trainmem::detail::check(bad_row < 0, "cross_entropy: label ",
-                    bad_row < 0 ? 0 : labels.data_as<const std::int32_t>()[bad_row], " at row ", bad_row,
-                    " is outside [0, ", logits.cols(), ")");
+                              bad_row < 0 ? 0 : labels.data_as<const std::int32_t>()[bad_row], " at row ", bad_row,
+                              " is outside [0, ", logits.cols(), ")");
     });
   }
   void cross_entropy_backward(const TensorT& dloss, const TensorT& logits, const TensorT& labels, const TensorT& lse,
@@ -185,17 +191,16 @@ class Backend {
     visit_floating(logits.dtype(), "cross_entropy_backward", [&]<class T>() {
       using Acc = AccumulatorOf<T>;
       detail::cross_entropy_backward(dloss.data_as<const Acc>()[0], logits.data_as<const T>(),
-                                     labels.data_as<const std::int32_t>(), lse.data_as<const Acc>(), dlogits.data_as<T>(),
-                                     logits.rows(), logits.cols());
+                                     labels.data_as<const std::int32_t>(), lse.data_as<const Acc>(),
+                                     dlogits.data_as<T>(), logits.rows(), logits.cols());
     });
   }
 
   /// in viewed as [a, b, c, d] -> out [a, c, b, d] (transpose when d = 1, head split/merge).
   void swap_middle_axes(const TensorT& in, const TensorT& out, std::int64_t a, std::int64_t b, std::int64_t c,
                         std::int64_t d) {
-    visit_floating(in.dtype(), "swap_middle_axes", [&]<class T>() {
-      detail::swap_middle_axes(in.data_as<const T>(), out.data_as<T>(), a, b, c, d);
-    });
+    visit_floating(in.dtype(), "swap_middle_axes",
+                   [&]<class T>() { detail::swap_middle_axes(in.data_as<const T>(), out.data_as<T>(), a, b, c, d); });
   }
   void causal_mask(const TensorT& in, const TensorT& out, double fill) {
     const std::int64_t t = in.cols();
@@ -204,15 +209,15 @@ class Backend {
     });
   }
   void dropout(const TensorT& in, const TensorT& out, float p, RngState rng) {
-    visit_floating(in.dtype(), "dropout", [&]<class T>() {
-      detail::dropout(in.data_as<const T>(), out.data_as<T>(), in.numel(), p, rng);
-    });
+    visit_floating(in.dtype(), "dropout",
+                   [&]<class T>() { detail::dropout(in.data_as<const T>(), out.data_as<T>(), in.numel(), p, rng); });
   }
   /// Checks each id against the table's rows as it copies (as cross_entropy checks labels).
   void embedding(const TensorT& weight, const TensorT& ids, const TensorT& out) {
     visit_floating(weight.dtype(), "embedding", [&]<class T>() {
-      check_ids(ids, detail::embedding(weight.data_as<const T>(), ids.data_as<const std::int32_t>(), out.data_as<T>(),
-                                       ids.numel(), weight.cols(), weight.rows()),
+      check_ids(ids,
+                detail::embedding(weight.data_as<const T>(), ids.data_as<const std::int32_t>(), out.data_as<T>(),
+                                  ids.numel(), weight.cols(), weight.rows()),
                 weight.rows(), "");
     });
   }
@@ -257,8 +262,10 @@ class Backend {
       apply_update(update, param, grad, state1, state2, model_copy);
       return;
     }
-    trainmem::detail::check(model_copy.dtype() == DType::BF16, "apply_update: stochastic rounding writes bf16 model "
-                            "copies, the copy is ", model_copy.dtype());
+    trainmem::detail::check(model_copy.dtype() == DType::BF16,
+                            "apply_update: stochastic rounding writes bf16 model "
+                            "copies, the copy is ",
+                            model_copy.dtype());
     update_with(update, param, grad, state1, state2,
                 detail::StochasticBf16Copy{model_copy.data_as<BFloat16>(), rounding.rng});
   }
@@ -281,8 +288,7 @@ class Backend {
   void update_scale(const TensorT& scale, const TensorT& growth_tracker, const TensorT& hysteresis_left,
                     const TensorT& found_inf, const ScaleUpdateArgs& args) {
     update_scale_state(scale.data_as<float>()[0], growth_tracker.data_as<std::int32_t>()[0],
-                            hysteresis_left.data_as<std::int32_t>()[0], found_inf.data_as<const float>()[0] != 0.0f,
-                            args);
+                       hysteresis_left.data_as<std::int32_t>()[0], found_inf.data_as<const float>()[0] != 0.0f, args);
   }
 
   /// accumulator[0] += sum(x^2), accumulated in the accumulator's dtype (f32 scalar; f64 allowed).
@@ -315,7 +321,8 @@ class Backend {
                                state2.defined() ? state2.data_as<TP>() : nullptr, param.numel(), store_copy);
         });
       } else {
-        throw Error("apply_update: the updated parameter must be f32 or f64 (use FP32 master weights for 16-bit models)");
+        throw Error(
+            "apply_update: the updated parameter must be f32 or f64 (use FP32 master weights for 16-bit models)");
       }
     });
   }

@@ -128,7 +128,8 @@ void eigen_path_gemm(const GemmArgs& g, const TA* a, const TA* b, TC* c, const E
 
   // Workspaces come from the (single-threaded) allocator before any thread starts.
   const Workspace<float> a_workspace(allocator, widen_ab ? static_cast<std::size_t>(threads * block * g.k) : 0);
-  const Workspace<float> b_workspace(allocator, widen_ab ? static_cast<std::size_t>((shared_b ? 1 : threads) * b_size) : 0);
+  const Workspace<float> b_workspace(allocator,
+                                     widen_ab ? static_cast<std::size_t>((shared_b ? 1 : threads) * b_size) : 0);
   const Workspace<float> c_workspace(allocator, widen_c ? static_cast<std::size_t>(threads * block * g.n) : 0);
   float* a_work = a_workspace.get();
   float* b_work = b_workspace.get();
@@ -164,8 +165,8 @@ void eigen_path_gemm(const GemmArgs& g, const TA* a, const TA* b, TC* c, const E
         for (std::int64_t r = 0; r < rows; ++r)
           narrow_from_float(c_slot + r * g.n, C + (row + r) * g.ldc(), static_cast<std::size_t>(g.n));
       } else {
-        eigen_gemm<Acc>(A_block, lda, g.trans_a, B, ldb, g.trans_b, C + row * g.ldc(), g.ldc(), rows, g.n, g.k,
-                        alpha, beta);
+        eigen_gemm<Acc>(A_block, lda, g.trans_a, B, ldb, g.trans_b, C + row * g.ldc(), g.ldc(), rows, g.n, g.k, alpha,
+                        beta);
         apply_epilogue(epilogue, C + row * g.ldc(), g.ldc(), rows, g.n);
       }
     }
@@ -273,9 +274,8 @@ GemmPath gemm_path(const GemmArgs& g, const Epilogue<AccumulatorOf<TA>>& epilogu
       case GemmPath::OneDnn: return onednn_can_gemm<TA, TC>(g, epilogue) ? GemmPath::OneDnn : GemmPath::Eigen;
       default: break;
     }
-    const bool onednn_wins = std::is_same_v<TA, float>
-                                 ? std::min({g.m, g.n, g.k}) >= kOneDnnF32MinDim
-                                 : onednn_has_amx();
+    const bool onednn_wins =
+        std::is_same_v<TA, float> ? std::min({g.m, g.n, g.k}) >= kOneDnnF32MinDim : onednn_has_amx();
     return onednn_wins && onednn_can_gemm<TA, TC>(g, epilogue) ? GemmPath::OneDnn : GemmPath::Eigen;
   }
 }

@@ -13,10 +13,10 @@
 #include <type_traits>
 #include <vector>
 
-#include "trainmem/core/stochastic_rounding.hpp"
 #include "trainmem/core/dtype.hpp"
 #include "trainmem/core/math.hpp"
 #include "trainmem/core/rng.hpp"
+#include "trainmem/core/stochastic_rounding.hpp"
 
 namespace trainmem::cpu::detail {
 
@@ -135,8 +135,8 @@ void softmax_backward(const T* dy, const T* y, T* dx, std::int64_t rows, std::in
 
 /// y = (x - mean) * rstd * gamma + beta per row; keeps mean and rstd (accumulator type).
 template <class T, class TP, class Acc>
-void layer_norm(const T* x, const TP* gamma, const TP* beta, T* y, Acc* mean_out, Acc* rstd_out,
-                std::int64_t rows, std::int64_t cols, double eps) {
+void layer_norm(const T* x, const TP* gamma, const TP* beta, T* y, Acc* mean_out, Acc* rstd_out, std::int64_t rows,
+                std::int64_t cols, double eps) {
 #pragma omp parallel for if (rows * cols > kParallelGrain)
   for (std::int64_t r = 0; r < rows; ++r) {
     const T* xr = x + r * cols;
@@ -162,10 +162,11 @@ void layer_norm(const T* x, const TP* gamma, const TP* beta, T* y, Acc* mean_out
 
 /// dx = rstd (g - mean(g) - xhat mean(g xhat)) with g = dy gamma; dgamma, dbeta summed over rows.
 template <class T, class TP, class Acc>
-void layer_norm_backward(const T* dy, const T* x, const TP* gamma, const Acc* mean, const Acc* rstd, T* dx,
-                         TP* dgamma, TP* dbeta, std::int64_t rows, std::int64_t cols) {
+void layer_norm_backward(const T* dy, const T* x, const TP* gamma, const Acc* mean, const Acc* rstd, T* dx, TP* dgamma,
+                         TP* dbeta, std::int64_t rows, std::int64_t cols) {
   auto w = [](auto v) { return static_cast<Acc>(trainmem::detail::widen(v)); };
-  std::vector<Acc> dgamma_acc(static_cast<std::size_t>(cols), Acc(0)), dbeta_acc(static_cast<std::size_t>(cols), Acc(0));
+  std::vector<Acc> dgamma_acc(static_cast<std::size_t>(cols), Acc(0)),
+      dbeta_acc(static_cast<std::size_t>(cols), Acc(0));
   for (std::int64_t r = 0; r < rows; ++r) {
     const T *dyr = dy + r * cols, *xr = x + r * cols;
     Acc sum_g = 0, sum_g_xhat = 0;
@@ -255,7 +256,8 @@ void dropout(const T* in, T* out, std::int64_t n, float p, RngState rng) {
   const math::DropoutScale scale{p};
 #pragma omp parallel for if (n > kParallelGrain)
   for (std::int64_t i = 0; i < n; ++i) {
-    const auto factor = static_cast<AccumulatorOf<T>>(scale(trainmem::detail::random_uniform(rng, static_cast<std::uint64_t>(i))));
+    const auto factor =
+        static_cast<AccumulatorOf<T>>(scale(trainmem::detail::random_uniform(rng, static_cast<std::uint64_t>(i))));
     out[i] = trainmem::detail::narrow<T>(static_cast<AccumulatorOf<T>>(trainmem::detail::widen(in[i])) * factor);
   }
 }
@@ -314,20 +316,25 @@ void apply_update(Update update, TP* param, const TG* grad, TP* state1, TP* stat
 
 /// Model-copy writers for apply_update.
 struct NoCopy {
-  template <class TP> void operator()(std::int64_t, TP) const {}
+  template <class TP>
+  void operator()(std::int64_t, TP) const {}
 };
 template <class TC>
 struct NearestCopy {
   TC* copy;
-  template <class TP> void operator()(std::int64_t i, TP value) const { copy[i] = trainmem::detail::narrow<TC>(value); }
+  template <class TP>
+  void operator()(std::int64_t i, TP value) const {
+    copy[i] = trainmem::detail::narrow<TC>(value);
+  }
 };
 /// Rounds element i with draw i of `rng`, so the result does not depend on how the loop is split.
 struct StochasticBf16Copy {
   BFloat16* copy;
   RngState rng;
-  template <class TP> void operator()(std::int64_t i, TP value) const {
+  template <class TP>
+  void operator()(std::int64_t i, TP value) const {
     copy[i] = bf16_round_stochastic(static_cast<float>(value),
-                                         trainmem::detail::random_bits(rng, static_cast<std::uint64_t>(i)));
+                                    trainmem::detail::random_bits(rng, static_cast<std::uint64_t>(i)));
   }
 };
 

@@ -110,8 +110,8 @@ struct OneDnnKey {
   GemmArgs args;
   bool operator==(const OneDnnKey& o) const {
     const GemmArgs &x = args, &y = o.args;
-    return ab == o.ab && c == o.c && bias == o.bias && gelu == o.gelu && x.batch == y.batch && x.m == y.m && x.n == y.n &&
-           x.k == y.k && x.trans_a == y.trans_a && x.trans_b == y.trans_b && x.stride_a == y.stride_a &&
+    return ab == o.ab && c == o.c && bias == o.bias && gelu == o.gelu && x.batch == y.batch && x.m == y.m &&
+           x.n == y.n && x.k == y.k && x.trans_a == y.trans_a && x.trans_b == y.trans_b && x.stride_a == y.stride_a &&
            x.stride_b == y.stride_b && x.stride_c == y.stride_c && x.alpha == y.alpha && x.beta == y.beta;
   }
 };
@@ -121,9 +121,8 @@ struct OneDnnKeyHash {
     std::size_t h = 1469598103934665603ull;
     auto mix = [&](std::uint64_t v) { h = (h ^ v) * 1099511628211ull; };
     const GemmArgs& g = key.args;
-    mix(static_cast<std::uint64_t>(key.ab) | static_cast<std::uint64_t>(key.c) << 8 |
-        std::uint64_t{key.bias} << 16 | std::uint64_t{key.gelu} << 17 | std::uint64_t{g.trans_a} << 18 |
-        std::uint64_t{g.trans_b} << 19);
+    mix(static_cast<std::uint64_t>(key.ab) | static_cast<std::uint64_t>(key.c) << 8 | std::uint64_t{key.bias} << 16 |
+        std::uint64_t{key.gelu} << 17 | std::uint64_t{g.trans_a} << 18 | std::uint64_t{g.trans_b} << 19);
     for (const std::int64_t v : {g.batch, g.m, g.n, g.k, g.stride_a, g.stride_b, g.stride_c})
       mix(static_cast<std::uint64_t>(v));
     std::uint64_t bits;
@@ -170,8 +169,7 @@ class OneDnnMatmuls {
 
   OneDnnMatmuls() {
     onednn_check(dnnl_engine_create(&engine_.handle, dnnl_cpu, 0), "dnnl_engine_create");
-    onednn_check(dnnl_stream_create(&stream_.handle, engine_.handle, dnnl_stream_default_flags),
-                 "dnnl_stream_create");
+    onednn_check(dnnl_stream_create(&stream_.handle, engine_.handle, dnnl_stream_default_flags), "dnnl_stream_create");
   }
 
   /// A memory descriptor of `ndims` dims with the given strides (dense where oneDNN wants).
@@ -216,14 +214,16 @@ class OneDnnMatmuls {
     const float alpha = static_cast<float>(g.alpha);
     if (g.alpha != 1.0) ok = ok && dnnl_primitive_attr_set_output_scales(attr.handle, 1, 0, &alpha) == dnnl_success;
     if (g.beta != 0.0) ok = ok && dnnl_post_ops_append_sum(ops.handle, static_cast<float>(g.beta)) == dnnl_success;
-    if (bias_post_op) ok = ok && dnnl_post_ops_append_binary(ops.handle, dnnl_binary_add, &matmul->bias) == dnnl_success;
-    if (key.gelu) ok = ok && dnnl_post_ops_append_eltwise(ops.handle, 1.0f, dnnl_eltwise_gelu_tanh, 0.0f, 0.0f) == dnnl_success;
+    if (bias_post_op)
+      ok = ok && dnnl_post_ops_append_binary(ops.handle, dnnl_binary_add, &matmul->bias) == dnnl_success;
+    if (key.gelu)
+      ok = ok && dnnl_post_ops_append_eltwise(ops.handle, 1.0f, dnnl_eltwise_gelu_tanh, 0.0f, 0.0f) == dnnl_success;
     ok = ok && dnnl_primitive_attr_set_post_ops(attr.handle, ops.handle) == dnnl_success;
     dnnl_matmul_desc_t desc;
     ok = ok && dnnl_matmul_desc_init(&desc, &matmul->a, &matmul->b, has_bias && !bias_post_op ? &matmul->bias : nullptr,
                                      &matmul->c) == dnnl_success;
-    ok = ok && dnnl_primitive_desc_create(&matmul->pd.handle, &desc, attr.handle, engine_.handle, nullptr) ==
-                   dnnl_success;
+    ok = ok &&
+         dnnl_primitive_desc_create(&matmul->pd.handle, &desc, attr.handle, engine_.handle, nullptr) == dnnl_success;
     ok = ok && dnnl_primitive_create(&matmul->primitive.handle, matmul->pd.handle) == dnnl_success;
     if (!ok) return nullptr;  // no kernel for these dtypes, strides or attributes on this CPU
     matmul->scratchpad = *dnnl_primitive_desc_query_md(matmul->pd.handle, dnnl_query_scratchpad_md, 0);

@@ -179,8 +179,9 @@ class Allocator {
   void defer_error(const char* call, cudaError_t status) noexcept {
     if (!deferred_error_.empty()) return;
     try {
-      deferred_error_ = trainmem::detail::concat("cuda::Allocator: ", call, " failed in a destructor: ",
-                                                 cudaGetErrorName(status), " (", cudaGetErrorString(status), ")");
+      deferred_error_ =
+          trainmem::detail::concat("cuda::Allocator: ", call, " failed in a destructor: ", cudaGetErrorName(status),
+                                   " (", cudaGetErrorString(status), ")");
     } catch (...) {
     }
   }

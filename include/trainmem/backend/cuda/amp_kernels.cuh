@@ -15,14 +15,14 @@
 #include <cstdint>
 #include <span>
 
-#include "trainmem/core/loss_scale_rule.hpp"
 #include "trainmem/backend/cuda/element_io.cuh"
 #include "trainmem/backend/cuda/launch.cuh"
 #include "trainmem/backend/cuda/reduce.cuh"
+#include "trainmem/core/loss_scale_rule.hpp"
 
 namespace trainmem::cuda::detail {
 
-inline constexpr int kMultiTensorCapacity = 48;          // tensors per launch (kernel parameters < 4 KB)
+inline constexpr int kMultiTensorCapacity = 48;           // tensors per launch (kernel parameters < 4 KB)
 inline constexpr std::int64_t kMultiTensorChunk = 16384;  // elements per block
 
 /// A gradient as the multi-tensor kernel sees it.

@@ -29,8 +29,6 @@
 #include <span>
 #include <vector>
 
-#include "trainmem/core/loss_scale_rule.hpp"
-#include "trainmem/core/stochastic_rounding.hpp"
 #include "trainmem/backend/cuda/allocator.cuh"
 #include "trainmem/backend/cuda/amp_kernels.cuh"
 #include "trainmem/backend/cuda/error.cuh"
@@ -38,7 +36,9 @@
 #include "trainmem/backend/cuda/kernels.cuh"
 #include "trainmem/backend/cuda/offload.cuh"
 #include "trainmem/core/gemm_args.hpp"
+#include "trainmem/core/loss_scale_rule.hpp"
 #include "trainmem/core/rng.hpp"
+#include "trainmem/core/stochastic_rounding.hpp"
 #include "trainmem/core/tensor.hpp"
 
 namespace trainmem::cuda {
@@ -124,8 +124,8 @@ class StreamHandle {
     if (status != cudaSuccess) cudaGetLastError();
     trainmem::detail::check(status == cudaSuccess && count > 0, "cuda::Backend: no usable CUDA device (",
                             status != cudaSuccess ? cudaGetErrorString(status) : "none found", ")");
-    trainmem::detail::check(device >= 0 && device < count, "cuda::Backend: device ", device, " does not exist (",
-                            count, " found)");
+    trainmem::detail::check(device >= 0 && device < count, "cuda::Backend: device ", device, " does not exist (", count,
+                            " found)");
     TRAINMEM_CUDA_CHECK(cudaSetDevice(device));
     TRAINMEM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   }
@@ -298,8 +298,8 @@ class Backend {
     const std::int64_t cols = out.numel();
     visit_floating(in.dtype(), "sum_rows", [&]<class TI>() {
       visit_floating(out.dtype(), "sum_rows", [&]<class TO>() {
-        detail::sum_rows(context(), in.data_as<const TI>(), out.data_as<TO>(), cols == 0 ? 0 : in.numel() / cols,
-                         cols, beta);
+        detail::sum_rows(context(), in.data_as<const TI>(), out.data_as<TO>(), cols == 0 ? 0 : in.numel() / cols, cols,
+                         beta);
       });
     });
   }
@@ -451,8 +451,8 @@ class Backend {
     refs.reserve(grads.size());
     for (const TensorT& g : grads) {
       if (!g.defined()) continue;
-      trainmem::detail::check(is_floating(g.dtype()), "unscale_grads: gradients must be floating, got ", g.dtype(),
-                              " ", g.shape());
+      trainmem::detail::check(is_floating(g.dtype()), "unscale_grads: gradients must be floating, got ", g.dtype(), " ",
+                              g.shape());
       refs.push_back({g.data(), g.numel(), g.dtype()});
     }
     detail::unscale_grads(context(), refs, scale_ptr, flag);
@@ -473,8 +473,7 @@ class Backend {
     visit_floating(x.dtype(), "sum_squares", [&]<class T>() {
       if (accumulator.dtype() == DType::F64)
         detail::sum_squares(context(), x.data_as<const T>(), x.numel(), accumulator.data_as<double>());
-      else
-        detail::sum_squares(context(), x.data_as<const T>(), x.numel(), accumulator.data_as<float>());
+      else detail::sum_squares(context(), x.data_as<const T>(), x.numel(), accumulator.data_as<float>());
     });
   }
 

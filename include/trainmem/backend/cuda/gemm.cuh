@@ -142,8 +142,8 @@ class GemmEngine {
       return;
     }
     if (epilogue != GemmEpilogue::None)
-      TRAINMEM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
-                                                           sizeof(bias)));
+      TRAINMEM_CUBLAS_CHECK(
+          cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
     const float alpha = static_cast<float>(g.alpha), beta = static_cast<float>(g.beta);
     // Operands swapped (NOTE above): cuBLASLt's A is our B, its B is our A.
     TRAINMEM_CUBLAS_CHECK(cublasLtMatmul(lt_, plan.desc, &alpha, b, plan.layout_a, a, plan.layout_b, &beta, c,
@@ -202,12 +202,14 @@ class GemmEngine {
     const std::int64_t a_span = (g.batch - 1) * g.stride_a + g.m * g.k;
     const std::int64_t b_span = (g.batch - 1) * g.stride_b + g.k * g.n;
     const std::int64_t c_span = span_elements(g);
-    const std::size_t a_bytes = a_span * size_of(ab), b_bytes = b_span * size_of(ab), c_bytes = c_span * size_of(c_dtype);
+    const std::size_t a_bytes = a_span * size_of(ab), b_bytes = b_span * size_of(ab),
+                      c_bytes = c_span * size_of(c_dtype);
     ScratchBuffer a_copy(ctx_, a_bytes), b_copy(ctx_, b_bytes), c_copy(ctx_, c_bytes);
     TRAINMEM_CUDA_CHECK(cudaMemcpyAsync(a_copy.as<void>(), a, a_bytes, cudaMemcpyDeviceToDevice, ctx_.stream));
     TRAINMEM_CUDA_CHECK(cudaMemcpyAsync(b_copy.as<void>(), b, b_bytes, cudaMemcpyDeviceToDevice, ctx_.stream));
     TRAINMEM_CUDA_CHECK(cudaMemcpyAsync(c_copy.as<void>(), c, c_bytes, cudaMemcpyDeviceToDevice, ctx_.stream));
-    run(g, ab, a_copy.as<const void>(), b_copy.as<const void>(), c_dtype, c_copy.as<void>(), epilogue, bias_dtype, bias);
+    run(g, ab, a_copy.as<const void>(), b_copy.as<const void>(), c_dtype, c_copy.as<void>(), epilogue, bias_dtype,
+        bias);
     TRAINMEM_CUDA_CHECK(cudaMemcpyAsync(c, c_copy.as<const void>(), c_bytes, cudaMemcpyDeviceToDevice, ctx_.stream));
   }
 
@@ -246,10 +248,23 @@ class GemmEngine {
   const Plan& plan_for(const GemmArgs& g, DType ab, const void* a, const void* b, DType c_dtype, const void* c,
                        GemmEpilogue epilogue) {
     const std::uint32_t align_a = pointer_alignment(b), align_b = pointer_alignment(a), align_c = pointer_alignment(c);
-    const Key key{static_cast<std::int64_t>(ab), static_cast<std::int64_t>(c_dtype), g.trans_a, g.trans_b, g.m, g.n, g.k,
-                  g.batch, g.batch > 1 ? g.stride_a : 0, g.batch > 1 ? g.stride_b : 0, g.batch > 1 ? g.stride_c : 0,
-                  static_cast<std::int64_t>(epilogue), align_a, align_b, align_c,
-                  ab == DType::F32 && allow_tf32_, 0};
+    const Key key{static_cast<std::int64_t>(ab),
+                  static_cast<std::int64_t>(c_dtype),
+                  g.trans_a,
+                  g.trans_b,
+                  g.m,
+                  g.n,
+                  g.k,
+                  g.batch,
+                  g.batch > 1 ? g.stride_a : 0,
+                  g.batch > 1 ? g.stride_b : 0,
+                  g.batch > 1 ? g.stride_c : 0,
+                  static_cast<std::int64_t>(epilogue),
+                  align_a,
+                  align_b,
+                  align_c,
+                  ab == DType::F32 && allow_tf32_,
+                  0};
     if (auto it = plans_.find(key); it != plans_.end()) return it->second;
     Plan plan;
     try {
@@ -273,8 +288,8 @@ class GemmEngine {
     if (epilogue != GemmEpilogue::None) {
       const cublasLtEpilogue_t lt_epilogue =
           epilogue == GemmEpilogue::BiasGelu ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_BIAS;
-      TRAINMEM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &lt_epilogue,
-                                                           sizeof(lt_epilogue)));
+      TRAINMEM_CUBLAS_CHECK(
+          cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &lt_epilogue, sizeof(lt_epilogue)));
       const cudaDataType_t bias_type = cuda_data_type(c_dtype);
       TRAINMEM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
                                                            sizeof(bias_type)));
@@ -293,16 +308,16 @@ class GemmEngine {
     cublasStatus_t status = CUBLAS_STATUS_SUCCESS;
     try {
       const std::uint64_t workspace_bytes = kWorkspaceBytes;
-      TRAINMEM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-          preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes, sizeof(workspace_bytes)));
-      TRAINMEM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-          preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof(align_a)));
-      TRAINMEM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-          preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof(align_b)));
-      TRAINMEM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-          preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c, sizeof(align_c)));
-      TRAINMEM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-          preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c, sizeof(align_c)));
+      TRAINMEM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                                 &workspace_bytes, sizeof(workspace_bytes)));
+      TRAINMEM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                                                 &align_a, sizeof(align_a)));
+      TRAINMEM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                                                 &align_b, sizeof(align_b)));
+      TRAINMEM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                                                 &align_c, sizeof(align_c)));
+      TRAINMEM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                                                                 &align_c, sizeof(align_c)));
       status = cublasLtMatmulAlgoGetHeuristic(lt_, plan.desc, plan.layout_a, plan.layout_b, plan.layout_c,
                                               plan.layout_c, preference, 1, &result, &returned);
     } catch (...) {

@@ -27,12 +27,12 @@
 #include <initializer_list>
 #include <type_traits>
 
-#include "trainmem/core/stochastic_rounding.hpp"
 #include "trainmem/backend/cuda/element_io.cuh"
 #include "trainmem/backend/cuda/launch.cuh"
 #include "trainmem/backend/cuda/reduce.cuh"
 #include "trainmem/core/math.hpp"
 #include "trainmem/core/rng.hpp"
+#include "trainmem/core/stochastic_rounding.hpp"
 
 namespace trainmem::cuda::detail {
 
@@ -77,7 +77,8 @@ __global__ void map_unary_kernel(Op op, const TIn* in, TOut* out, std::int64_t n
 }
 
 template <class Op, class Acc>
-__global__ void map_unary_any_kernel(Op op, const void* in, DType in_dtype, void* out, DType out_dtype, std::int64_t n) {
+__global__ void map_unary_any_kernel(Op op, const void* in, DType in_dtype, void* out, DType out_dtype,
+                                     std::int64_t n) {
   for (std::int64_t i = global_thread(); i < n; i += grid_stride())
     store_as<Acc>(out, out_dtype, i, op(load_as<Acc>(in, in_dtype, i)));
 }
@@ -150,9 +151,11 @@ void map_unary(const KernelContext& ctx, Op op, DType in_dtype, const void* in, 
     return;
   }
   if (any_f64({in_dtype, out_dtype}))
-    device::map_unary_any_kernel<Op, double><<<blocks_for(ctx, n), kThreads, 0, ctx.stream>>>(op, in, in_dtype, out, out_dtype, n);
+    device::map_unary_any_kernel<Op, double>
+        <<<blocks_for(ctx, n), kThreads, 0, ctx.stream>>>(op, in, in_dtype, out, out_dtype, n);
   else
-    device::map_unary_any_kernel<Op, float><<<blocks_for(ctx, n), kThreads, 0, ctx.stream>>>(op, in, in_dtype, out, out_dtype, n);
+    device::map_unary_any_kernel<Op, float>
+        <<<blocks_for(ctx, n), kThreads, 0, ctx.stream>>>(op, in, in_dtype, out, out_dtype, n);
   TRAINMEM_CUDA_CHECK_LAUNCH("map_unary_any_kernel");
 }
 
@@ -176,11 +179,11 @@ void map_binary(const KernelContext& ctx, Op op, DType a_dtype, const void* a, D
     return;
   }
   if (any_f64({a_dtype, b_dtype, out_dtype}))
-    device::map_binary_any_kernel<Op, double><<<blocks_for(ctx, n), kThreads, 0, ctx.stream>>>(op, a, a_dtype, b, b_dtype, out,
-                                                                                      out_dtype, n, cols, mode);
+    device::map_binary_any_kernel<Op, double>
+        <<<blocks_for(ctx, n), kThreads, 0, ctx.stream>>>(op, a, a_dtype, b, b_dtype, out, out_dtype, n, cols, mode);
   else
-    device::map_binary_any_kernel<Op, float><<<blocks_for(ctx, n), kThreads, 0, ctx.stream>>>(op, a, a_dtype, b, b_dtype, out,
-                                                                                     out_dtype, n, cols, mode);
+    device::map_binary_any_kernel<Op, float>
+        <<<blocks_for(ctx, n), kThreads, 0, ctx.stream>>>(op, a, a_dtype, b, b_dtype, out, out_dtype, n, cols, mode);
   TRAINMEM_CUDA_CHECK_LAUNCH("map_binary_any_kernel");
 }
 
@@ -210,7 +213,8 @@ struct StoreTotal {
 template <class TIn, class TOut>
 void sum_rows(const KernelContext& ctx, const TIn* in, TOut* out, std::int64_t rows, std::int64_t cols, double beta) {
   using Acc = AccumulatorFor<TIn, TOut>;
-  reduce_columns<Acc>(ctx, rows, cols, device::WidenedElement<Acc, TIn>{in, cols}, device::StoreColumnSum<Acc, TOut>{out, beta});
+  reduce_columns<Acc>(ctx, rows, cols, device::WidenedElement<Acc, TIn>{in, cols},
+                      device::StoreColumnSum<Acc, TOut>{out, beta});
 }
 
 template <class TIn, class TOut>
@@ -289,7 +293,7 @@ void softmax_backward(const KernelContext& ctx, const T* dy, const T* y, T* dx, 
                       bool log_output) {
   if (rows == 0 || cols == 0) return;
   device::softmax_backward_kernel<<<row_blocks(rows), row_block_threads(cols), 0, ctx.stream>>>(dy, y, dx, rows, cols,
-                                                                                       log_output);
+                                                                                                log_output);
   TRAINMEM_CUDA_CHECK_LAUNCH("softmax_backward_kernel");
 }
 
@@ -370,8 +374,8 @@ template <class T, class TP, class Acc>
 void layer_norm(const KernelContext& ctx, const T* x, const TP* gamma, const TP* beta, T* y, Acc* mean, Acc* rstd,
                 std::int64_t rows, std::int64_t cols, double eps) {
   if (rows == 0 || cols == 0) return;
-  device::layer_norm_kernel<<<row_blocks(rows), row_block_threads(cols), 0, ctx.stream>>>(x, gamma, beta, y, mean, rstd, rows,
-                                                                                 cols, static_cast<Acc>(eps));
+  device::layer_norm_kernel<<<row_blocks(rows), row_block_threads(cols), 0, ctx.stream>>>(
+      x, gamma, beta, y, mean, rstd, rows, cols, static_cast<Acc>(eps));
   TRAINMEM_CUDA_CHECK_LAUNCH("layer_norm_kernel");
 }
 
@@ -381,13 +385,14 @@ void layer_norm_backward(const KernelContext& ctx, const T* dy, const T* x, cons
                          const Acc* rstd, T* dx, TP* dgamma, TP* dbeta, std::int64_t rows, std::int64_t cols) {
   if (cols == 0) return;
   if (rows > 0) {
-    device::layer_norm_backward_dx_kernel<<<row_blocks(rows), row_block_threads(cols), 0, ctx.stream>>>(dy, x, gamma, mean,
-                                                                                               rstd, dx, rows, cols);
+    device::layer_norm_backward_dx_kernel<<<row_blocks(rows), row_block_threads(cols), 0, ctx.stream>>>(
+        dy, x, gamma, mean, rstd, dx, rows, cols);
     TRAINMEM_CUDA_CHECK_LAUNCH("layer_norm_backward_dx_kernel");
   }
   reduce_columns<Acc>(ctx, rows, cols, device::LayerNormGammaTerm<Acc, T>{dy, x, mean, rstd, cols},
                       device::StoreParamGrad<Acc, TP>{dgamma});
-  reduce_columns<Acc>(ctx, rows, cols, device::WidenedElement<Acc, T>{dy, cols}, device::StoreParamGrad<Acc, TP>{dbeta});
+  reduce_columns<Acc>(ctx, rows, cols, device::WidenedElement<Acc, T>{dy, cols},
+                      device::StoreParamGrad<Acc, TP>{dbeta});
 }
 
 // ======================================================================================
@@ -463,8 +468,8 @@ template <class T, class Acc>
 void cross_entropy_backward(const KernelContext& ctx, const Acc* dloss, const T* logits, const std::int32_t* labels,
                             const Acc* lse, T* dlogits, std::int64_t rows, std::int64_t cols) {
   if (rows * cols == 0) return;
-  device::cross_entropy_backward_kernel<<<blocks_for(ctx, rows * cols), kThreads, 0, ctx.stream>>>(dloss, logits, labels, lse,
-                                                                                          dlogits, rows, cols);
+  device::cross_entropy_backward_kernel<<<blocks_for(ctx, rows * cols), kThreads, 0, ctx.stream>>>(
+      dloss, logits, labels, lse, dlogits, rows, cols);
   TRAINMEM_CUDA_CHECK_LAUNCH("cross_entropy_backward_kernel");
 }
 
@@ -496,11 +501,10 @@ void swap_middle_axes(const KernelContext& ctx, const T* in, T* out, std::int64_
   if (n == 0) return;
   const unsigned blocks = blocks_for(ctx, n);
   if (n < (std::int64_t{1} << 31))
-    device::swap_middle_axes_kernel<T, std::uint32_t><<<blocks, kThreads, 0, ctx.stream>>>(
-        in, out, static_cast<std::uint32_t>(n), static_cast<std::uint32_t>(b), static_cast<std::uint32_t>(c),
-        static_cast<std::uint32_t>(d));
-  else
-    device::swap_middle_axes_kernel<T, std::int64_t><<<blocks, kThreads, 0, ctx.stream>>>(in, out, n, b, c, d);
+    device::swap_middle_axes_kernel<T, std::uint32_t>
+        <<<blocks, kThreads, 0, ctx.stream>>>(in, out, static_cast<std::uint32_t>(n), static_cast<std::uint32_t>(b),
+                                              static_cast<std::uint32_t>(c), static_cast<std::uint32_t>(d));
+  else device::swap_middle_axes_kernel<T, std::int64_t><<<blocks, kThreads, 0, ctx.stream>>>(in, out, n, b, c, d);
   TRAINMEM_CUDA_CHECK_LAUNCH("swap_middle_axes_kernel");
 }
 
@@ -522,10 +526,9 @@ void causal_mask(const KernelContext& ctx, const T* in, T* out, std::int64_t bat
   const T fill_value = trainmem::detail::narrow<T>(static_cast<AccumulatorOf<T>>(fill));
   const unsigned blocks = blocks_for(ctx, n);
   if (n < (std::int64_t{1} << 31))
-    device::causal_mask_kernel<T, std::uint32_t><<<blocks, kThreads, 0, ctx.stream>>>(in, out, static_cast<std::uint32_t>(n),
-                                                                             static_cast<std::uint32_t>(t), fill_value);
-  else
-    device::causal_mask_kernel<T, std::int64_t><<<blocks, kThreads, 0, ctx.stream>>>(in, out, n, t, fill_value);
+    device::causal_mask_kernel<T, std::uint32_t><<<blocks, kThreads, 0, ctx.stream>>>(
+        in, out, static_cast<std::uint32_t>(n), static_cast<std::uint32_t>(t), fill_value);
+  else device::causal_mask_kernel<T, std::int64_t><<<blocks, kThreads, 0, ctx.stream>>>(in, out, n, t, fill_value);
   TRAINMEM_CUDA_CHECK_LAUNCH("causal_mask_kernel");
 }
 
@@ -580,8 +583,8 @@ void dropout(const KernelContext& ctx, const T* in, T* out, std::int64_t n, floa
 namespace device {
 /// An id outside [0, vocab) gives a zero row and is recorded in `bad_id`.
 template <class T>
-__global__ void embedding_kernel(const T* weight, const std::int32_t* ids, T* out, std::int64_t count,
-                                 std::int64_t dim, std::int64_t vocab, BadIndex* bad_id) {
+__global__ void embedding_kernel(const T* weight, const std::int32_t* ids, T* out, std::int64_t count, std::int64_t dim,
+                                 std::int64_t vocab, BadIndex* bad_id) {
   const std::int64_t n = count * dim;
   for (std::int64_t at = global_thread(); at < n; at += grid_stride()) {
     const std::int64_t i = at / dim, d = at - i * dim;
@@ -661,15 +664,15 @@ void embedding_backward(const KernelContext& ctx, const T* dout, const std::int3
                                                       positions_in.as<const std::int32_t>(),
                                                       positions_out.as<std::int32_t>(), items, 0, end_bit, ctx.stream));
   ScratchBuffer temp(ctx, temp_bytes);
-  TRAINMEM_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.as<void>(), temp_bytes, keys_in, keys_out.as<std::uint32_t>(),
-                                                      positions_in.as<const std::int32_t>(),
-                                                      positions_out.as<std::int32_t>(), items, 0, end_bit, ctx.stream));
+  TRAINMEM_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
+      temp.as<void>(), temp_bytes, keys_in, keys_out.as<std::uint32_t>(), positions_in.as<const std::int32_t>(),
+      positions_out.as<std::int32_t>(), items, 0, end_bit, ctx.stream));
   const unsigned threads = 128;
   const dim3 grid(static_cast<unsigned>(std::min<std::int64_t>(count, std::int64_t{1} << 20)),
                   static_cast<unsigned>(std::min<std::int64_t>((dim + threads - 1) / threads, 65535)));
   device::embedding_backward_kernel<<<grid, threads, 0, ctx.stream>>>(dout, keys_out.as<const std::uint32_t>(),
-                                                              positions_out.as<const std::int32_t>(), dweight, count,
-                                                              dim, static_cast<std::uint32_t>(vocab));
+                                                                      positions_out.as<const std::int32_t>(), dweight,
+                                                                      count, dim, static_cast<std::uint32_t>(vocab));
   TRAINMEM_CUDA_CHECK_LAUNCH("embedding_backward_kernel");
 }
 
@@ -698,8 +701,7 @@ __global__ void apply_update_kernel(Update update, TP* param, const void* grad, 
     if (stochastic)
       static_cast<BFloat16*>(copy)[i] = bf16_round_stochastic(
           static_cast<float>(p), trainmem::detail::random_bits(rng, static_cast<std::uint64_t>(i)));
-    else
-      store_as<TP>(copy, copy_dtype, i, p);
+    else store_as<TP>(copy, copy_dtype, i, p);
   }
 }
 }  // namespace device
@@ -710,9 +712,8 @@ void apply_update(const KernelContext& ctx, Update update, TP* param, const void
                   const CopyRounding& rounding) {
   if (n == 0) return;
   const bool stochastic = copy != nullptr && rounding.mode == RoundingMode::Stochastic;
-  device::apply_update_kernel<<<blocks_for(ctx, n), kThreads, 0, ctx.stream>>>(update, param, grad, grad_dtype, state1, state2,
-                                                                      copy, copy_dtype, n, skip, stochastic,
-                                                                      rounding.rng);
+  device::apply_update_kernel<<<blocks_for(ctx, n), kThreads, 0, ctx.stream>>>(
+      update, param, grad, grad_dtype, state1, state2, copy, copy_dtype, n, skip, stochastic, rounding.rng);
   TRAINMEM_CUDA_CHECK_LAUNCH("apply_update_kernel");
 }
 

@@ -129,8 +129,7 @@ class OffloadEngine {
     TRAINMEM_CUDA_CHECK(cudaEventRecord(produced, main_));
     TRAINMEM_CUDA_CHECK(cudaStreamWaitEvent(side_, produced, 0));
     cudaEventDestroy(produced);  // released once its work completes
-    if (bytes > 0)
-      TRAINMEM_CUDA_CHECK(cudaMemcpyAsync(copy.host_, device_data, bytes, cudaMemcpyDeviceToHost, side_));
+    if (bytes > 0) TRAINMEM_CUDA_CHECK(cudaMemcpyAsync(copy.host_, device_data, bytes, cudaMemcpyDeviceToHost, side_));
     TRAINMEM_CUDA_CHECK(cudaEventRecord(copy.event_, side_));
     cudaEvent_t copied = new_event();
     TRAINMEM_CUDA_CHECK(cudaEventRecord(copied, side_));

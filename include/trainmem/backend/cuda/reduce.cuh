@@ -42,7 +42,8 @@ void reduce_all(const KernelContext& ctx, std::int64_t n, ValueAt value, Finish 
   ScratchBuffer partial(ctx, blocks * sizeof(Acc));
   device::reduce_all_partials_kernel<Acc><<<blocks, kThreads, 0, ctx.stream>>>(value, n, partial.as<Acc>());
   TRAINMEM_CUDA_CHECK_LAUNCH("reduce_all_partials_kernel");
-  device::reduce_all_finish_kernel<Acc><<<1, kThreads, 0, ctx.stream>>>(partial.as<const Acc>(), static_cast<int>(blocks), finish);
+  device::reduce_all_finish_kernel<Acc>
+      <<<1, kThreads, 0, ctx.stream>>>(partial.as<const Acc>(), static_cast<int>(blocks), finish);
   TRAINMEM_CUDA_CHECK_LAUNCH("reduce_all_finish_kernel");
 }
 
@@ -71,7 +72,8 @@ __global__ void reduce_columns_partials_kernel(ValueAt value, std::int64_t rows,
 }
 
 template <class Acc, class Finish>
-__global__ void reduce_columns_finish_kernel(const Acc* partial, std::int64_t chunks, std::int64_t cols, Finish finish) {
+__global__ void reduce_columns_finish_kernel(const Acc* partial, std::int64_t chunks, std::int64_t cols,
+                                             Finish finish) {
   for (std::int64_t c = global_thread(); c < cols; c += grid_stride()) {
     Acc sum = Acc(0);
     for (std::int64_t k = 0; k < chunks; ++k) sum += partial[k * cols + c];
@@ -94,11 +96,11 @@ void reduce_columns(const KernelContext& ctx, std::int64_t rows, std::int64_t co
   ScratchBuffer partial(ctx, static_cast<std::size_t>(chunks * cols) * sizeof(Acc));
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(chunks));
   const dim3 block(kColumnTile, kColumnRows);
-  device::reduce_columns_partials_kernel<Acc><<<grid, block, 0, ctx.stream>>>(value, rows, cols, rows_per_chunk,
-                                                                      partial.as<Acc>());
+  device::reduce_columns_partials_kernel<Acc>
+      <<<grid, block, 0, ctx.stream>>>(value, rows, cols, rows_per_chunk, partial.as<Acc>());
   TRAINMEM_CUDA_CHECK_LAUNCH("reduce_columns_partials_kernel");
-  device::reduce_columns_finish_kernel<Acc><<<blocks_for(ctx, cols), kThreads, 0, ctx.stream>>>(partial.as<const Acc>(), chunks,
-                                                                                      cols, finish);
+  device::reduce_columns_finish_kernel<Acc>
+      <<<blocks_for(ctx, cols), kThreads, 0, ctx.stream>>>(partial.as<const Acc>(), chunks, cols, finish);
   TRAINMEM_CUDA_CHECK_LAUNCH("reduce_columns_finish_kernel");
 }
 
