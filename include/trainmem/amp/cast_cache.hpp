@@ -12,7 +12,6 @@
 #include <memory>
 #include <utility>
 
-#include "trainmem/core/math.hpp"
 #include "trainmem/core/tensor.hpp"
 
 namespace trainmem::amp {
@@ -26,8 +25,10 @@ class CastCache {
     return cache;
   }
 
-  /// `source` cast to `dtype`, made now or reused. Cached copies count as parameters.
+  /// `source` cast to `dtype`, made now or reused (`source` itself when it is `dtype`
+  /// already). Cached copies count as parameters.
   Tensor<B> get(const Tensor<B>& source, DType dtype) {
+    if (source.dtype() == dtype) return source;  // caching it would keep the parameter alive
     const Key key{source.data(), dtype};
     auto it = entries_.find(key);
     if (it != entries_.end()) {
@@ -37,8 +38,7 @@ class CastCache {
       entries_.erase(it);
     }
     std::erase_if(entries_, [](const auto& kv) { return kv.second.source.expired(); });
-    Tensor<B> cast = Tensor<B>::empty(source.shape(), dtype, MemCategory::Parameter, source.backend());
-    source.backend().map(math::Identity{}, source, cast);
+    Tensor<B> cast = source.to(dtype, MemCategory::Parameter);
     entries_.emplace(key, Entry{source.storage(), source.version(), cast});
     ++casts_made_;
     return cast;

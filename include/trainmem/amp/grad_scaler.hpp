@@ -87,11 +87,7 @@ class GradScaler {
     for (auto& e : optimizer.entries()) {
       const Tensor<B>& grad = e.param.grad();
       if (!grad.defined()) continue;
-      if (is_16bit(grad.dtype())) {
-        Tensor<B> wide = Tensor<B>::empty(grad.shape(), DType::F32, MemCategory::Gradient, grad.backend());
-        grad.backend().map(math::Identity{}, grad, wide);
-        e.param.set_grad(wide);
-      }
+      if (is_16bit(grad.dtype())) e.param.set_grad(grad.to(DType::F32, MemCategory::Gradient));
       grads.push_back(e.param.grad());
     }
     check_grads(grads, scale_, record);
@@ -205,8 +201,7 @@ class GradScaler {
   };
 
   Tensor<B> scalar(DType dtype, double value) const {
-    return Tensor<B>::from_host(Shape{}, std::span<const double>(&value, 1), dtype, MemCategory::OptimizerState,
-                                *backend_);
+    return Tensor<B>::full(Shape{}, value, dtype, MemCategory::OptimizerState, *backend_);
   }
 
   std::int32_t read_i32(const Tensor<B>& t) const {

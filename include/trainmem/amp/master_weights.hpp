@@ -60,12 +60,9 @@ class MasterWeights {
       if (value.dtype() == DType::F32) {
         master = value;
         master.storage()->retag(MemCategory::MasterWeight);
-        Tensor<B> model = Tensor<B>::empty(value.shape(), options.model_dtype, MemCategory::Parameter, value.backend());
-        value.backend().map(math::Identity{}, master, model);
-        p.impl().value = std::move(model);
+        p.impl().value = master.to(options.model_dtype, MemCategory::Parameter);
       } else {
-        master = Tensor<B>::empty(value.shape(), DType::F32, MemCategory::MasterWeight, value.backend());
-        value.backend().map(math::Identity{}, value, master);
+        master = value.to(DType::F32, MemCategory::MasterWeight);
       }
       p.zero_grad();
       masters_.push_back(std::move(master));

@@ -127,9 +127,7 @@ class Tape {
     } else {
       detail::check(r.value.numel() == 1, "backward: the root is ", r.value.shape(),
                     ", not a scalar; pass a seed gradient of that shape");
-      // Written by a kernel, not uploaded: no host-to-device copy in a step.
-      seed_grad = Tensor<B>::empty(r.value.shape(), r.value.dtype(), MemCategory::Temporary, *backend_);
-      backend_->map(math::Constant{1.0}, r.value, seed_grad);
+      seed_grad = Tensor<B>::full(r.value.shape(), 1.0, r.value.dtype(), MemCategory::Temporary, *backend_);
     }
     if (!retain_graph) backward_ran_ = true;
     if (r.grad_fn == nullptr) {  // the root is itself a leaf
@@ -164,7 +162,7 @@ class Tape {
       for (std::size_t i = 0; i < node->inputs.size(); ++i) {
         const Edge<B>& edge = node->inputs[i];
         if (!edge.wants_grad() || i >= grad_inputs.size() || !grad_inputs[i].defined()) continue;
-        Tensor<B> g = cast_to(grad_inputs[i], edge.dtype);
+        Tensor<B> g = grad_inputs[i].to(edge.dtype);
         if (edge.leaf) {
           accumulate_into_leaf(*edge.leaf, g);
         } else {
@@ -179,12 +177,6 @@ class Tape {
   }
 
  private:
-  Tensor<B> cast_to(const Tensor<B>& t, DType dtype) {
-    if (t.dtype() == dtype) return t;
-    Tensor<B> out = Tensor<B>::empty(t.shape(), dtype, MemCategory::Temporary, *backend_);
-    backend_->map(math::Identity{}, t, out);
-    return out;
-  }
   Tensor<B> add(const Tensor<B>& a, const Tensor<B>& b) {
     Tensor<B> out = Tensor<B>::empty(a.shape(), a.dtype(), MemCategory::Temporary, *backend_);
     backend_->map(math::Add{}, a, b, out);

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "trainmem/core/dtype.hpp"
+#include "trainmem/core/math.hpp"
 #include "trainmem/core/memory_stats.hpp"
 #include "trainmem/core/shape.hpp"
 #include "trainmem/error.hpp"
@@ -82,6 +83,28 @@ class Tensor {
     backend.fill_zero(t.data(), t.bytes());
     return t;
   }
+  /// Every element `value`, rounded to `dtype` once (to nearest even; beyond f16's range
+  /// it is inf). A floating tensor is written by a kernel, not uploaded, so a step that
+  /// makes one (backward's seed of 1) waits for no host-to-device copy.
+  /// An i32 value must be a whole number in range.
+  static Tensor full(Shape shape, double value, DType dtype, MemCategory category = MemCategory::Temporary,
+                     B& backend = B::default_instance()) {
+    detail::check(dtype != DType::I32 || is_i32(value), "Tensor::full: value ", value, " is not an i32 (", kNotI32,
+                  ")");
+    Tensor t = empty(std::move(shape), dtype, category, backend);
+    if (dtype == DType::I32) {  // no kernel writes i32: upload
+      const std::vector<std::int32_t> values(static_cast<std::size_t>(t.numel()), static_cast<std::int32_t>(value));
+      backend.upload(t.data(), values.data(), t.bytes());
+      return t;
+    }
+    // The kernel computes in f32 for the 16-bit dtypes: hand it the already-rounded value,
+    // which every wider format holds exactly, so `value` is rounded once, not twice.
+    const double stored =
+        visit_dtype(dtype, [&]<class S>() { return static_cast<double>(detail::widen(detail::narrow<S>(value))); });
+    backend.fill_zero(t.data(), t.bytes());  // the kernel reads its input, so give it one
+    backend.map(math::Constant{stored}, t, t);
+    return t;
+  }
   /// Uploads host values (float or double), converting to `dtype` with round to nearest even.
   template <class T>
   static Tensor from_host(Shape shape, std::span<const T> values, DType dtype = DType::F32,
@@ -89,11 +112,10 @@ class Tensor {
     static_assert(std::is_arithmetic_v<T>, "from_host takes float or double values");
     detail::check(static_cast<std::int64_t>(values.size()) == shape.numel(), "Tensor::from_host: shape ", shape,
                   " needs ", shape.numel(), " values, got ", values.size());
-    if (dtype == DType::I32) {  // ids and labels: a value that is not an i32 exactly has no meaning
+    if (dtype == DType::I32) {
       for (std::size_t i = 0; i < values.size(); ++i) {
         const double v = static_cast<double>(values[i]);
-        detail::check(v == std::floor(v) && v >= -2147483648.0 && v <= 2147483647.0, "Tensor::from_host: value ", v,
-                      " at index ", i, " is not an i32 (NaN, fractional or outside [-2^31, 2^31))");
+        detail::check(is_i32(v), "Tensor::from_host: value ", v, " at index ", i, " is not an i32 (", kNotI32, ")");
       }
     }
     Tensor t = empty(std::move(shape), dtype, category, backend);
@@ -165,6 +187,19 @@ class Tensor {
     return Tensor(storage_, offset_ + static_cast<std::size_t>(begin) * row_bytes, Shape(std::move(dims)), dtype_);
   }
 
+  /// The values in `dtype` (round to nearest even once; beyond f16's range they are inf)
+  /// as a new tensor of `category`, or this tensor itself, category unchanged, when it is
+  /// `dtype` already. Casts are between floating dtypes: i32 holds ids, not quantities.
+  Tensor to(DType dtype, MemCategory category = MemCategory::Temporary) const {
+    require_defined("Tensor::to");
+    if (dtype == dtype_) return *this;
+    detail::check(is_floating(dtype_) && is_floating(dtype), "Tensor::to: cannot cast ", shape_, " ", dtype_, " to ",
+                  dtype, "; casts are between floating dtypes (f32, f64, f16, bf16)");
+    Tensor out = empty(shape_, dtype, category, backend());
+    backend().map(math::Identity{}, *this, out);
+    return out;
+  }
+
   /// A new tensor with the same values.
   Tensor clone(MemCategory category = MemCategory::Temporary) const {
     require_defined("clone");
@@ -191,6 +226,11 @@ class Tensor {
   Tensor(std::shared_ptr<Storage<B>> storage, std::size_t offset, Shape shape, DType dtype)
       : storage_(std::move(storage)), offset_(offset), shape_(std::move(shape)), dtype_(dtype) {}
   void require_defined(const char* op) const { detail::check(defined(), op, ": tensor is undefined"); }
+  /// Ids and labels: a value that is not an i32 exactly has no meaning, so it is refused, not rounded.
+  static bool is_i32(double value) {
+    return value == std::floor(value) && value >= -2147483648.0 && value <= 2147483647.0;
+  }
+  static constexpr const char* kNotI32 = "NaN, infinite, fractional or outside [-2^31, 2^31)";
 
   std::shared_ptr<Storage<B>> storage_;
   std::size_t offset_ = 0;

@@ -15,15 +15,6 @@ void require_rank_at_least(const OpInfo& op, const Var<B>& v, std::size_t rank, 
   check(v.shape().rank() >= rank, op.name, ": ", what, " must have rank >= ", rank, ", got ", v.shape());
 }
 
-/// A tensor of `shape` holding `source` cast to `dtype` (or `source` itself).
-template <class B>
-Tensor<B> cast(const Tensor<B>& source, DType dtype) {
-  if (source.dtype() == dtype) return source;
-  Tensor<B> out = new_tensor(source.backend(), source.shape(), dtype);
-  source.backend().map(math::Identity{}, source, out);
-  return out;
-}
-
 /// out = op(a, b) into a new tensor of a's shape and `dtype`.
 template <class B, class Op>
 Tensor<B> binary(Op op, const Tensor<B>& a, const Tensor<B>& b, DType dtype) {

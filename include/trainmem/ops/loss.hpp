@@ -40,7 +40,7 @@ Var<B> cross_entropy(const Var<B>& logits, const Tensor<B>& labels) {
   return rec.finish(out[0], [=](const Grads<B>& g) {
     const Tensor<B> lv = saved_logits.unpack();
     Tensor<B> dlogits = new_tensor(lv.backend(), lv.shape(), lv.dtype());
-    lv.backend().cross_entropy_backward(detail::cast(g[0], accumulator_dtype(lv.dtype())), lv, saved_labels.unpack(),
+    lv.backend().cross_entropy_backward(g[0].to(accumulator_dtype(lv.dtype())), lv, saved_labels.unpack(),
                                         saved_lse.unpack(), dlogits);
     return Grads<B>{dlogits};
   });

@@ -42,8 +42,8 @@ Var<B> layer_norm(const Var<B>& x, const Var<B>& gamma, const Var<B>& beta, doub
     Tensor<B> dx = new_tensor(g[0].backend(), xv.shape(), xv.dtype());
     Tensor<B> dgamma = new_tensor(g[0].backend(), gv.shape(), gv.dtype());
     Tensor<B> dbeta = new_tensor(g[0].backend(), gv.shape(), gv.dtype());
-    g[0].backend().layer_norm_backward(detail::cast(g[0], xv.dtype()), xv, gv, saved_mean.unpack(), saved_rstd.unpack(),
-                                       dx, dgamma, dbeta);
+    g[0].backend().layer_norm_backward(g[0].to(xv.dtype()), xv, gv, saved_mean.unpack(), saved_rstd.unpack(), dx,
+                                       dgamma, dbeta);
     return Grads<B>{dx, dgamma, dbeta};
   });
 }

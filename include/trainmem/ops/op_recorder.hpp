@@ -79,9 +79,7 @@ class OpRecorder {
       if (v.tape() == nullptr && v.requires_grad()) {
         cast_[i] = amp::CastCache<B>::instance().get(value, compute_dtype_);
       } else {
-        Tensor<B> t = Tensor<B>::empty(value.shape(), compute_dtype_, MemCategory::Temporary, backend());
-        backend().map(math::Identity{}, value, t);
-        cast_[i] = std::move(t);
+        cast_[i] = value.to(compute_dtype_);
       }
     }
     return *cast_[i];

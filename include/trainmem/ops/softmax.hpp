@@ -29,7 +29,7 @@ Var<B> softmax_impl(const OpInfo& op, const Var<B>& x, bool log_output) {
   return rec.finish(out[0], [=](const Grads<B>& g) {
     const Tensor<B> y = saved_y.unpack();
     Tensor<B> dx = new_tensor(y.backend(), y.shape(), y.dtype());
-    y.backend().softmax_backward(detail::cast(g[0], y.dtype()), y, dx, log_output);
+    y.backend().softmax_backward(g[0].to(y.dtype()), y, dx, log_output);
     return Grads<B>{dx};
   });
 }

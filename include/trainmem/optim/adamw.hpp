@@ -81,7 +81,8 @@ class AdamW : public Optimizer<B> {
     B& backend = target.backend();
     this->ensure_state(e.state1, target);
     this->ensure_state(e.state2, target);
-    if (!e.step_state.defined()) e.step_state = this->device_values({1.0, 1.0}, backend);
+    if (!e.step_state.defined())
+      e.step_state = Tensor<B>::full(Shape{2}, 1.0, DType::F64, MemCategory::OptimizerState, backend);
     if (!factor_.defined() || betas_for_ != std::pair{options_.beta1, options_.beta2}) {
       // Both made before either is kept: a failed second allocation leaves the pair as it was.
       Tensor<B> betas_minus_one = this->device_values({options_.beta1 - 1.0, options_.beta2 - 1.0}, backend);

@@ -214,7 +214,7 @@ class Optimizer {
     if (!state.defined())
       state = Tensor<B>::zeros(target.shape(), target.dtype(), MemCategory::OptimizerState, target.backend());
   }
-  /// An f64 optimizer-state tensor holding `values` (the initial per-parameter step state).
+  /// An f64 optimizer-state tensor holding `values` (uploaded: they differ from each other).
   static Tensor<B> device_values(const std::vector<double>& values, B& backend) {
     return Tensor<B>::from_host(Shape{static_cast<std::int64_t>(values.size())}, values, DType::F64,
                                 MemCategory::OptimizerState, backend);
@@ -340,7 +340,7 @@ class Optimizer {
   void prepare_applies(const StepControl<B>& control) {
     if (entries_.empty()) return;
     B& backend = entries_.front().param.value().backend();
-    if (!one_.defined()) one_ = device_values({1.0}, backend).reshape(Shape{});
+    if (!one_.defined()) one_ = Tensor<B>::full(Shape{}, 1.0, DType::F64, MemCategory::OptimizerState, backend);
     if (!control.found_inf.defined()) {
       applies_ = one_;
       return;
