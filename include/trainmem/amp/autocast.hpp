@@ -56,15 +56,20 @@ struct AutocastState {
   }
 };
 
-/// The and DESIGN.md's name for the same object: the state is the policy.
+/// What an op entry consults is a policy, and this state is all of it: one type, two names.
 using AutocastPolicy = AutocastState;
 
-namespace detail {
-inline AutocastState& thread_autocast_state() {
-  thread_local AutocastState state;
+}  // namespace trainmem::amp
+
+namespace trainmem::detail {
+/// The calling thread's autocast state, for the guards below to set.
+inline amp::AutocastState& thread_autocast_state() {
+  thread_local amp::AutocastState state;
   return state;
 }
-}  // namespace detail
+}  // namespace trainmem::detail
+
+namespace trainmem::amp {
 
 /// The calling thread's autocast state.
 inline const AutocastState& autocast_state() { return detail::thread_autocast_state(); }
@@ -76,8 +81,7 @@ inline const AutocastState& autocast_state() { return detail::thread_autocast_st
 class Autocast {
  public:
   explicit Autocast(DType dtype = DType::BF16, bool enabled = true) : previous_(detail::thread_autocast_state()) {
-    trainmem::detail::check(is_16bit(dtype) || !enabled, "amp::Autocast: the autocast dtype must be f16 or bf16, got ",
-                            dtype);
+    detail::check(is_16bit(dtype) || !enabled, "amp::Autocast: the autocast dtype must be f16 or bf16, got ", dtype);
     auto& state = detail::thread_autocast_state();
     state.enabled = enabled;
     if (enabled) state.dtype = dtype;

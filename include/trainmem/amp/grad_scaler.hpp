@@ -67,8 +67,7 @@ class GradScaler {
   /// scale). The disabled scaler returns the loss.
   Var<B> scale(const Var<B>& loss) const {
     if (!enabled_) return loss;
-    trainmem::detail::check(loss.defined() && loss.tape() != nullptr,
-                            "GradScaler::scale: the loss must be a Var on a tape");
+    detail::check(loss.defined() && loss.tape() != nullptr, "GradScaler::scale: the loss must be a Var on a tape");
     return trainmem::mul(loss, loss.tape()->input(scale_.clone()));
   }
 
@@ -79,10 +78,9 @@ class GradScaler {
   void unscale_(optim::Optimizer<B>& optimizer) {
     if (!enabled_) return;
     Record& record = record_of(optimizer);
-    trainmem::detail::check(record.stage != Stage::Unscaled,
-                            "GradScaler::unscale_: already called on this optimizer since the last update()");
-    trainmem::detail::check(record.stage != Stage::Stepped,
-                            "GradScaler::unscale_: called after step(); call update() first");
+    detail::check(record.stage != Stage::Unscaled,
+                  "GradScaler::unscale_: already called on this optimizer since the last update()");
+    detail::check(record.stage != Stage::Stepped, "GradScaler::unscale_: called after step(); call update() first");
     std::vector<Tensor<B>> grads;
     for (auto& e : optimizer.entries()) {
       const Tensor<B>& grad = e.param.grad();
@@ -128,9 +126,9 @@ class GradScaler {
     std::vector<const Tensor<B>*> flags;
     for (auto& [key, record] : records_)
       if (record.stage != Stage::Ready) flags.push_back(&record.found_inf);
-    trainmem::detail::check(!flags.empty(),
-                            "GradScaler::update: no inf checks were recorded since the last update(); call "
-                            "step() (or unscale_()) for each optimizer first");
+    detail::check(!flags.empty(),
+                  "GradScaler::update: no inf checks were recorded since the last update(); call "
+                  "step() (or unscale_()) for each optimizer first");
     const Tensor<B>* found_inf = flags.front();
     Tensor<B> combined;
     if (flags.size() > 1) {
@@ -178,13 +176,12 @@ class GradScaler {
   /// (as PyTorch's does); loading a disabled scaler's state into an enabled one throws.
   void load_state(const GradScalerState& state) {
     if (!enabled_) return;
-    trainmem::detail::check(state.options.enabled,
-                            "GradScaler::load_state: the state was saved from a disabled scaler");
+    detail::check(state.options.enabled, "GradScaler::load_state: the state was saved from a disabled scaler");
     state.options.validate("GradScaler::load_state");
     GradScalerOptions::check_scale("GradScaler::load_state", "scale", state.scale);
-    trainmem::detail::check(state.growth_tracker >= 0 && state.hysteresis_left >= 1,
-                            "GradScaler::load_state: need growth_tracker >= 0 and hysteresis_left >= 1, got ",
-                            state.growth_tracker, ", ", state.hysteresis_left);
+    detail::check(state.growth_tracker >= 0 && state.hysteresis_left >= 1,
+                  "GradScaler::load_state: need growth_tracker >= 0 and hysteresis_left >= 1, got ",
+                  state.growth_tracker, ", ", state.hysteresis_left);
     options_ = state.options;
     options_.init_scale = state.scale;
     scale_.copy_from(scalar(DType::F32, state.scale));
@@ -217,9 +214,9 @@ class GradScaler {
   }
 
   static void require_grads(std::span<const Tensor<B>> grads) {
-    trainmem::detail::check(!grads.empty(),
-                            "GradScaler: no parameter of the optimizer has a gradient (run backward on "
-                            "scaler.scale(loss) first)");
+    detail::check(!grads.empty(),
+                  "GradScaler: no parameter of the optimizer has a gradient (run backward on "
+                  "scaler.scale(loss) first)");
   }
   /// Clears the flag, then divides `grads` by `divisor` (1: check only) and flags non-finite values.
   void check_grads(std::span<const Tensor<B>> grads, const Tensor<B>& divisor, Record& record) {
@@ -231,8 +228,8 @@ class GradScaler {
   /// Checks the gradients if unscale_ did not, and says how the update passes must treat them.
   optim::StepControl<B> prepare_step(optim::Optimizer<B>& optimizer) {
     Record& record = record_of(optimizer);
-    trainmem::detail::check(record.stage != Stage::Stepped,
-                            "GradScaler::step: already called on this optimizer since the last update()");
+    detail::check(record.stage != Stage::Stepped,
+                  "GradScaler::step: already called on this optimizer since the last update()");
     optim::StepControl<B> control;
     control.found_inf = record.found_inf;
     if (record.stage == Stage::Ready) {  // grads still scaled: check them, divide inside the update

@@ -35,22 +35,22 @@ struct GradScalerOptions {
   /// Validates; `who` names the caller in the message.
   void validate(const char* who) const {
     check_scale(who, "init_scale", init_scale);
-    trainmem::detail::check(growth_factor > 1.0 && std::isfinite(growth_factor), who,
-                            ": growth_factor must be > 1, got ", growth_factor);
-    trainmem::detail::check(backoff_factor > 0.0 && backoff_factor < 1.0, who,
-                            ": backoff_factor must be in (0, 1), got ", backoff_factor);
-    trainmem::detail::check(growth_interval >= 1, who, ": growth_interval must be >= 1, got ", growth_interval);
-    trainmem::detail::check(hysteresis >= 1, who, ": hysteresis must be >= 1, got ", hysteresis);
+    detail::check(growth_factor > 1.0 && std::isfinite(growth_factor), who, ": growth_factor must be > 1, got ",
+                  growth_factor);
+    detail::check(backoff_factor > 0.0 && backoff_factor < 1.0, who, ": backoff_factor must be in (0, 1), got ",
+                  backoff_factor);
+    detail::check(growth_interval >= 1, who, ": growth_interval must be >= 1, got ", growth_interval);
+    detail::check(hysteresis >= 1, who, ": hysteresis must be >= 1, got ", hysteresis);
     check_scale(who, "min_scale", min_scale);
     check_scale(who, "max_scale", max_scale);
-    trainmem::detail::check(min_scale <= max_scale, who, ": need min_scale <= max_scale, got min_scale ", min_scale,
-                            ", max_scale ", max_scale);
+    detail::check(min_scale <= max_scale, who, ": need min_scale <= max_scale, got min_scale ", min_scale,
+                  ", max_scale ", max_scale);
   }
 
   /// A loss scale must be a normal f32: in [2^-126, f32 max] (0, subnormals and inf are not).
   static void check_scale(const char* who, const char* what, double value) {
-    trainmem::detail::check(value >= kMinScale && value <= kMaxScale, who, ": ", what,
-                            " must be in [1.1754944e-38, 3.4028235e38] (the normal f32 range), got ", value);
+    detail::check(value >= kMinScale && value <= kMaxScale, who, ": ", what,
+                  " must be in [1.1754944e-38, 3.4028235e38] (the normal f32 range), got ", value);
   }
 
   ScaleUpdateArgs update_args() const {
@@ -86,13 +86,13 @@ struct GradScalerState {
   static GradScalerState from_map(const std::map<std::string, double>& values) {
     auto get = [&](const char* key) {
       auto it = values.find(key);
-      trainmem::detail::check(it != values.end(), "GradScalerState::from_map: key '", key, "' is missing");
+      detail::check(it != values.end(), "GradScalerState::from_map: key '", key, "' is missing");
       return it->second;
     };
     auto get_int = [&](const char* key) {
       const double v = get(key);
-      trainmem::detail::check(v == std::floor(v) && std::fabs(v) < 2147483648.0, "GradScalerState::from_map: '", key,
-                              "' must be a 32-bit integer, got ", v);
+      detail::check(v == std::floor(v) && std::fabs(v) < 2147483648.0, "GradScalerState::from_map: '", key,
+                    "' must be a 32-bit integer, got ", v);
       return static_cast<std::int32_t>(v);
     };
     GradScalerState state;
@@ -110,10 +110,10 @@ struct GradScalerState {
     GradScalerOptions::check_scale("GradScalerState::from_map", "scale", state.scale);
     state.options.init_scale = state.scale;
     state.options.validate("GradScalerState::from_map");
-    trainmem::detail::check(state.growth_tracker >= 0 && state.hysteresis_left >= 1,
-                            "GradScalerState::from_map: need "
-                            "_growth_tracker >= 0 and hysteresis_left >= 1, got ",
-                            state.growth_tracker, " and ", state.hysteresis_left);
+    detail::check(state.growth_tracker >= 0 && state.hysteresis_left >= 1,
+                  "GradScalerState::from_map: need "
+                  "_growth_tracker >= 0 and hysteresis_left >= 1, got ",
+                  state.growth_tracker, " and ", state.hysteresis_left);
     return state;
   }
 
@@ -136,14 +136,12 @@ struct GradScalerState {
       text = end == std::string_view::npos ? std::string_view{} : text.substr(end + 1);
       if (line.empty()) continue;
       const auto eq = line.find('=');
-      trainmem::detail::check(eq != std::string_view::npos, "GradScalerState::from_string: line '", line,
-                              "' is not key=value");
+      detail::check(eq != std::string_view::npos, "GradScalerState::from_string: line '", line, "' is not key=value");
       double value = 0;
       const std::string_view number = line.substr(eq + 1);
       const auto result = std::from_chars(number.data(), number.data() + number.size(), value);
-      trainmem::detail::check(result.ec == std::errc{} && result.ptr == number.data() + number.size(),
-                              "GradScalerState::from_string: '", number, "' (key '", line.substr(0, eq),
-                              "') is not a number");
+      detail::check(result.ec == std::errc{} && result.ptr == number.data() + number.size(),
+                    "GradScalerState::from_string: '", number, "' (key '", line.substr(0, eq), "') is not a number");
       values[std::string(line.substr(0, eq))] = value;
     }
     return from_map(values);

@@ -43,19 +43,18 @@ class MasterWeights {
   /// into new masters. Gradients the parameters hold are dropped.
   explicit MasterWeights(std::vector<Var<B>> params, MasterWeightsOptions options = {})
       : params_(std::move(params)), options_(options) {
-    trainmem::detail::check(is_16bit(options.model_dtype),
-                            "amp::MasterWeights: the model dtype must be f16 or bf16, got ", options.model_dtype);
-    trainmem::detail::check(options.rounding != RoundingMode::Stochastic || options.model_dtype == DType::BF16,
-                            "amp::MasterWeights: stochastic rounding writes bf16 model copies, the model dtype is ",
-                            options.model_dtype);
+    detail::check(is_16bit(options.model_dtype), "amp::MasterWeights: the model dtype must be f16 or bf16, got ",
+                  options.model_dtype);
+    detail::check(options.rounding != RoundingMode::Stochastic || options.model_dtype == DType::BF16,
+                  "amp::MasterWeights: stochastic rounding writes bf16 model copies, the model dtype is ",
+                  options.model_dtype);
     masters_.reserve(params_.size());
     for (const Var<B>& p : params_) {
-      trainmem::detail::check(p.defined() && p.requires_grad() && p.is_leaf() && p.tape() == nullptr,
-                              "amp::MasterWeights: '", p.defined() ? p.name() : "", "' is not a parameter");
+      detail::check(p.defined() && p.requires_grad() && p.is_leaf() && p.tape() == nullptr, "amp::MasterWeights: '",
+                    p.defined() ? p.name() : "", "' is not a parameter");
       const Tensor<B> value = p.value();
-      trainmem::detail::check(value.dtype() == DType::F32 || value.dtype() == options.model_dtype,
-                              "amp::MasterWeights: '", p.name(), "' is ", value.dtype(),
-                              "; expected f32 or the model dtype ", options.model_dtype);
+      detail::check(value.dtype() == DType::F32 || value.dtype() == options.model_dtype, "amp::MasterWeights: '",
+                    p.name(), "' is ", value.dtype(), "; expected f32 or the model dtype ", options.model_dtype);
       Tensor<B> master;
       if (value.dtype() == DType::F32) {
         master = value;
@@ -83,7 +82,7 @@ class MasterWeights {
         }
       }
     }
-    trainmem::detail::check(attached > 0, "amp::MasterWeights::attach: the optimizer updates none of these parameters");
+    detail::check(attached > 0, "amp::MasterWeights::attach: the optimizer updates none of these parameters");
     optimizer.set_copy_rounding(options_.rounding, options_.seed);
   }
 
@@ -117,12 +116,12 @@ class MasterWeights {
       expected["masters." + unique_name(i, "load_state")] = {state_type_of(masters_[i].dtype()), masters_[i].shape()};
     check_layout(state, expected, "amp::MasterWeights::load_state");
     const std::int64_t dtype = state.get_i64("model_dtype");
-    trainmem::detail::check(dtype == static_cast<std::int64_t>(options_.model_dtype),
-                            "amp::MasterWeights::load_state: the state's model copies are ",
-                            is_valid_state_type(static_cast<std::uint8_t>(dtype)) && dtype >= 0
-                                ? std::string(name_of(static_cast<StateType>(dtype)))
-                                : std::to_string(dtype),
-                            ", these are ", options_.model_dtype);
+    detail::check(dtype == static_cast<std::int64_t>(options_.model_dtype),
+                  "amp::MasterWeights::load_state: the state's model copies are ",
+                  is_valid_state_type(static_cast<std::uint8_t>(dtype)) && dtype >= 0
+                      ? std::string(name_of(static_cast<StateType>(dtype)))
+                      : std::to_string(dtype),
+                  ", these are ", options_.model_dtype);
   }
   /// Copies the saved masters in place (after check_state). The model copies are not
   /// rewritten: load the module's state too, or call copy_to_model().
@@ -134,11 +133,11 @@ class MasterWeights {
  private:
   const std::string& unique_name(std::size_t i, const char* who) const {
     const std::string& name = params_[i].name();
-    trainmem::detail::check(!name.empty(), "amp::MasterWeights::", who, ": parameter ", i,
-                            " has no name; state is keyed by name (register parameters in an nn::Module)");
+    detail::check(!name.empty(), "amp::MasterWeights::", who, ": parameter ", i,
+                  " has no name; state is keyed by name (register parameters in an nn::Module)");
     for (std::size_t j = 0; j < i; ++j)
-      trainmem::detail::check(params_[j].name() != name, "amp::MasterWeights::", who, ": two parameters are named '",
-                              name, "'; state is keyed by name (nn::Module gives unique hierarchical names)");
+      detail::check(params_[j].name() != name, "amp::MasterWeights::", who, ": two parameters are named '", name,
+                    "'; state is keyed by name (nn::Module gives unique hierarchical names)");
     return name;
   }
 

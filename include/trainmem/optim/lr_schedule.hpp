@@ -31,14 +31,14 @@ class LrSchedule {
 
   static LrSchedule warmup_cosine(double peak, std::int64_t warmup_steps, std::int64_t total_steps,
                                   double min_lr = 0.0) {
-    trainmem::detail::check(total_steps > warmup_steps, "LrSchedule::warmup_cosine: total_steps (", total_steps,
-                            ") must exceed warmup_steps (", warmup_steps, ")");
+    detail::check(total_steps > warmup_steps, "LrSchedule::warmup_cosine: total_steps (", total_steps,
+                  ") must exceed warmup_steps (", warmup_steps, ")");
     return LrSchedule(peak, warmup_steps, total_steps, min_lr, "warmup_cosine");
   }
 
   /// The rate for 0-based step `step`.
   [[nodiscard]] double lr(std::int64_t step) const {
-    trainmem::detail::check(step >= 0, "LrSchedule::lr: step must be >= 0, got ", step);
+    detail::check(step >= 0, "LrSchedule::lr: step must be >= 0, got ", step);
     if (step < warmup_) return peak_ * static_cast<double>(step + 1) / static_cast<double>(warmup_);
     if (total_ == 0) return peak_;
     if (step >= total_) return min_lr_;
@@ -53,11 +53,11 @@ class LrSchedule {
  private:
   LrSchedule(double peak, std::int64_t warmup, std::int64_t total, double min_lr, const char* what)
       : peak_(peak), warmup_(warmup), total_(total), min_lr_(min_lr) {
-    trainmem::detail::check(std::isfinite(peak) && peak >= 0, "LrSchedule::", what,
-                            ": the rate must be finite and >= 0, got ", peak);
-    trainmem::detail::check(warmup >= 0, "LrSchedule::", what, ": warmup_steps must be >= 0, got ", warmup);
-    trainmem::detail::check(std::isfinite(min_lr) && min_lr >= 0 && min_lr <= peak, "LrSchedule::", what,
-                            ": min_lr must be in [0, peak], got ", min_lr);
+    detail::check(std::isfinite(peak) && peak >= 0, "LrSchedule::", what, ": the rate must be finite and >= 0, got ",
+                  peak);
+    detail::check(warmup >= 0, "LrSchedule::", what, ": warmup_steps must be >= 0, got ", warmup);
+    detail::check(std::isfinite(min_lr) && min_lr >= 0 && min_lr <= peak, "LrSchedule::", what,
+                  ": min_lr must be in [0, peak], got ", min_lr);
   }
 
   double peak_;
