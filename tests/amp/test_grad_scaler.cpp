@@ -161,7 +161,8 @@ enum class StepMode { Step, UnscaleThenStep, StepAsync };
 std::vector<std::vector<unsigned char>> optimizer_bytes(const tmem::optim::Optimizer<B>& opt) {
   std::vector<std::vector<unsigned char>> out;
   for (const auto& e : opt.entries()) {
-    for (const auto* t : {&e.master, &e.state1, &e.state2, &e.step_state}) out.push_back(tmem::testing::bytes_of(*t));
+    for (const auto* t : {&e.master, &e.first_moment, &e.second_moment, &e.step_state})
+      out.push_back(tmem::testing::bytes_of(*t));
     out.push_back(tmem::testing::bytes_of(e.param.value()));
   }
   return out;

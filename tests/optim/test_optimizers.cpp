@@ -97,12 +97,12 @@ TEST_CASE("SGD: three steps match torch.optim.SGD's rule", "[optim][sgd]") {
   CHECK(p.value().version() == 3);  // every step is an in-place write
   // A momentum buffer like the parameter, only with momentum; counted as optimizer state.
   const auto& entry = sgd.entries().at(0);
-  CHECK(entry.state1.defined() == (c.options.momentum != 0));
-  CHECK_FALSE(entry.state2.defined());
-  if (entry.state1.defined()) {
-    CHECK(entry.state1.bytes() == kStart.size() * size_of(dtype));
-    CHECK(entry.state1.category() == MemCategory::OptimizerState);
-    CHECK(be.memory().live(MemCategory::OptimizerState) >= static_cast<std::int64_t>(entry.state1.bytes()));
+  CHECK(entry.first_moment.defined() == (c.options.momentum != 0));
+  CHECK_FALSE(entry.second_moment.defined());
+  if (entry.first_moment.defined()) {
+    CHECK(entry.first_moment.bytes() == kStart.size() * size_of(dtype));
+    CHECK(entry.first_moment.category() == MemCategory::OptimizerState);
+    CHECK(be.memory().live(MemCategory::OptimizerState) >= static_cast<std::int64_t>(entry.first_moment.bytes()));
   }
 }
 
@@ -150,11 +150,11 @@ TEST_CASE("AdamW: three steps match torch.optim.AdamW's rule", "[optim][adamw]")
   }
   // Two moments like the parameter, counted as optimizer state.
   const auto& entry = adam.entries().at(0);
-  REQUIRE(entry.state1.defined());
-  REQUIRE(entry.state2.defined());
-  CHECK(entry.state1.bytes() == kStart.size() * size_of(dtype));
-  CHECK(entry.state2.bytes() == kStart.size() * size_of(dtype));
-  CHECK(entry.state1.category() == MemCategory::OptimizerState);
+  REQUIRE(entry.first_moment.defined());
+  REQUIRE(entry.second_moment.defined());
+  CHECK(entry.first_moment.bytes() == kStart.size() * size_of(dtype));
+  CHECK(entry.second_moment.bytes() == kStart.size() * size_of(dtype));
+  CHECK(entry.first_moment.category() == MemCategory::OptimizerState);
   CHECK(be.memory().live(MemCategory::OptimizerState) >= static_cast<std::int64_t>(2 * kStart.size() * size_of(dtype)));
 }
 

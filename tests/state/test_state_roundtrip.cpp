@@ -35,7 +35,7 @@ Values snapshot(const Opt& opt) {
   Values out;
   for (const auto& e : opt.entries()) {
     out.push_back(e.param.value().template to_host<double>());
-    for (const auto* t : {&e.master, &e.state1, &e.state2, &e.step_state})
+    for (const auto* t : {&e.master, &e.first_moment, &e.second_moment, &e.step_state})
       out.push_back(t->defined() ? t->template to_host<double>() : std::vector<double>{-12345.0});
     out.push_back({static_cast<double>(e.steps)});
   }

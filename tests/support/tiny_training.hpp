@@ -74,8 +74,8 @@ class TinyTraining {
     for (const Var<B>& p : masters_.params()) add(p.value());
     for (const Tensor<B>& m : masters_.masters()) add(m);
     for (const auto& e : optimizer_.entries()) {
-      add(e.state1);
-      add(e.state2);
+      add(e.first_moment);
+      add(e.second_moment);
       add(e.step_state);
     }
     const double scale = scaler_.get_scale();

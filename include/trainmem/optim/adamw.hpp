@@ -79,8 +79,8 @@ class AdamW : public Optimizer<B> {
   }
   void prepare(ParamGroupEntry<B>& e, const Tensor<B>& target) override {
     B& backend = target.backend();
-    this->ensure_state(e.state1, target);
-    this->ensure_state(e.state2, target);
+    this->ensure_state(e.first_moment, target);
+    this->ensure_state(e.second_moment, target);
     if (!e.step_state.defined())
       e.step_state = Tensor<B>::full(Shape{2}, 1.0, DType::F64, MemCategory::OptimizerState, backend);
     if (!factor_.defined() || betas_for_ != std::pair{options_.beta1, options_.beta2}) {

@@ -52,8 +52,8 @@ struct DivideGrad {
   Update update;
   const float* divisor;
   template <class T>
-  TRAINMEM_HOST_DEVICE void operator()(T& p, T g, T& state1, T& state2) const {
-    update(p, g / static_cast<T>(*divisor), state1, state2);
+  TRAINMEM_HOST_DEVICE void operator()(T& p, T g, T& first_moment, T& second_moment) const {
+    update(p, g / static_cast<T>(*divisor), first_moment, second_moment);
   }
 };
 }  // namespace detail
@@ -69,7 +69,9 @@ template <class B>
 struct ParamGroupEntry {
   Var<B> param;
   Tensor<B> master;  // undefined: update param.value() directly
-  Tensor<B> state1, state2;
+  /// Optimizer state by role, allocated on first use: AdamW's m and v; SGD's momentum
+  /// buffer (a running average of gradients) is its first moment and it has no second.
+  Tensor<B> first_moment, second_moment;
   /// Per-parameter scalars a skipped step must not advance, kept on the device (f64):
   /// AdamW [beta1^t, beta2^t], SGD with momentum [t]. See NOTE [Steps a device can cancel].
   Tensor<B> step_state;
@@ -113,7 +115,7 @@ class Optimizer {
                   "optimizer::set_master: the master of '", e.param.name(), "' ", e.param.shape(),
                   " must be a separate f32 or f64 tensor of that shape, got ",
                   master.defined() ? master.shape().str() + " " + std::string(name_of(master.dtype())) : "undefined");
-    detail::check(!e.state1.defined() && !e.state2.defined(), "optimizer::set_master: '", e.param.name(),
+    detail::check(!e.first_moment.defined() && !e.second_moment.defined(), "optimizer::set_master: '", e.param.name(),
                   "' already has optimizer state; set masters before the first step");
     entries_[i].master = std::move(master);
   }
@@ -148,8 +150,8 @@ class Optimizer {
     for (const auto& e : entries_) {
       const std::string p = "params." + e.param.name() + ".";
       out.set_i64(p + "steps", e.steps);
-      if (e.state1.defined()) out.set(p + moment_names()[0], e.state1);
-      if (e.state2.defined()) out.set(p + moment_names()[1], e.state2);
+      if (e.first_moment.defined()) out.set(p + moment_names()[0], e.first_moment);
+      if (e.second_moment.defined()) out.set(p + moment_names()[1], e.second_moment);
       if (e.step_state.defined()) out.set(p + "step_state", e.step_state);
     }
     return out;
@@ -188,8 +190,8 @@ class Optimizer {
     for (auto& e : entries_) {
       const std::string p = "params." + e.param.name() + ".";
       const Tensor<B>& target = e.master.defined() ? e.master : e.param.value();
-      load_tensor(state, p + moment_names()[0], e.state1, target);
-      load_tensor(state, p + moment_names()[1], e.state2, target);
+      load_tensor(state, p + moment_names()[0], e.first_moment, target);
+      load_tensor(state, p + moment_names()[1], e.second_moment, target);
       load_tensor(state, p + "step_state", e.step_state, target);
       e.steps = state.get_i64(p + "steps");
     }
@@ -236,9 +238,10 @@ class Optimizer {
     if (control.grad_divisor.defined()) {
       target.backend().apply_update(
           detail::DivideGrad<Update>{update, control.grad_divisor.template data_as<const float>()}, target, grad,
-          e.state1, e.state2, copy, control.found_inf, rounding);
+          e.first_moment, e.second_moment, copy, control.found_inf, rounding);
     } else {
-      target.backend().apply_update(update, target, grad, e.state1, e.state2, copy, control.found_inf, rounding);
+      target.backend().apply_update(update, target, grad, e.first_moment, e.second_moment, copy, control.found_inf,
+                                    rounding);
     }
   }
   virtual void update(ParamGroupEntry<B>& e, const Tensor<B>& target, const Tensor<B>& grad, double grad_scale,
@@ -246,8 +249,9 @@ class Optimizer {
   /// Allocates whatever update(e, target, ...) will use, before any update of the step runs.
   virtual void prepare(ParamGroupEntry<B>& e, const Tensor<B>& target) = 0;
 
-  // What state() saves of the derived optimizer: the names of state1 and state2, the
-  // length of the per-parameter step state, and the options as named numbers.
+  // What state() saves of the derived optimizer: the keys its first and second moments go
+  // under (files saved earlier use them, so a key never changes), the length of the
+  // per-parameter step state, and the options as named numbers.
   virtual std::array<const char*, 2> moment_names() const { return {"first_moment", "second_moment"}; }
   virtual std::int64_t step_state_size() const = 0;
   virtual std::map<std::string, double> options_map() const = 0;
@@ -321,15 +325,16 @@ class Optimizer {
   void prepare_states(const StepControl<B>& control) {
     std::vector<std::array<bool, 3>> had;
     had.reserve(entries_.size());
-    for (const auto& e : entries_) had.push_back({e.state1.defined(), e.state2.defined(), e.step_state.defined()});
+    for (const auto& e : entries_)
+      had.push_back({e.first_moment.defined(), e.second_moment.defined(), e.step_state.defined()});
     try {
       prepare_applies(control);
       for (auto& e : entries_)
         if (e.param.grad().defined()) prepare(e, e.master.defined() ? e.master : e.param.value());
     } catch (...) {
       for (std::size_t i = 0; i < entries_.size(); ++i) {
-        if (!had[i][0]) entries_[i].state1 = Tensor<B>();
-        if (!had[i][1]) entries_[i].state2 = Tensor<B>();
+        if (!had[i][0]) entries_[i].first_moment = Tensor<B>();
+        if (!had[i][1]) entries_[i].second_moment = Tensor<B>();
         if (!had[i][2]) entries_[i].step_state = Tensor<B>();
       }
       throw;

@@ -79,7 +79,7 @@ class SGD : public Optimizer<B> {
   }
   void prepare(ParamGroupEntry<B>& e, const Tensor<B>& target) override {
     if (options_.momentum == 0.0) return;
-    this->ensure_state(e.state1, target);
+    this->ensure_state(e.first_moment, target);
     if (!e.step_state.defined())
       e.step_state = Tensor<B>::zeros(Shape{1}, DType::F64, MemCategory::OptimizerState, target.backend());
   }
