@@ -6,7 +6,7 @@
 // declaration, in one table below.
 #pragma once
 
-#include "trainmem/detail/op_helpers.hpp"
+#include "trainmem/ops/op_helpers.hpp"
 
 namespace trainmem {
 

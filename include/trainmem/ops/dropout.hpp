@@ -6,7 +6,7 @@
 // the same mask: the region restores the generator to its entry state.
 #pragma once
 
-#include "trainmem/detail/op_helpers.hpp"
+#include "trainmem/ops/op_helpers.hpp"
 
 namespace trainmem {
 

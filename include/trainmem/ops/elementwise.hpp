@@ -5,7 +5,7 @@
 // Binary ops run in the widest input dtype (autocast's "promote" category).
 #pragma once
 
-#include "trainmem/detail/op_helpers.hpp"
+#include "trainmem/ops/op_helpers.hpp"
 
 namespace trainmem {
 

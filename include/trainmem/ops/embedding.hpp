@@ -9,7 +9,7 @@
 // CPU throws at once, CUDA at the next host wait, and no op downloads the ids.
 #pragma once
 
-#include "trainmem/detail/op_helpers.hpp"
+#include "trainmem/ops/op_helpers.hpp"
 
 namespace trainmem {
 

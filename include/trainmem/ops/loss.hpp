@@ -5,7 +5,7 @@
 // probability matrix. Runs in f32 under autocast; the loss is an f32 (f64 for f64) scalar.
 #pragma once
 
-#include "trainmem/detail/op_helpers.hpp"
+#include "trainmem/ops/op_helpers.hpp"
 
 namespace trainmem {
 

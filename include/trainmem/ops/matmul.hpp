@@ -7,7 +7,7 @@
 #pragma once
 
 #include "trainmem/core/gemm_args.hpp"
-#include "trainmem/detail/op_helpers.hpp"
+#include "trainmem/ops/op_helpers.hpp"
 
 namespace trainmem {
 

@@ -5,7 +5,7 @@
 // accumulate in f32 (f64 for f64); autocast runs layer norm in f32.
 #pragma once
 
-#include "trainmem/detail/op_helpers.hpp"
+#include "trainmem/ops/op_helpers.hpp"
 
 namespace trainmem {
 

@@ -150,10 +150,4 @@ class OpRecorder {
   DType compute_dtype_ = DType::F32;
 };
 
-/// Allocates an op output (a temporary until something saves it).
-template <class B>
-Tensor<B> new_tensor(B& backend, Shape shape, DType dtype) {
-  return Tensor<B>::empty(std::move(shape), dtype, MemCategory::Temporary, backend);
-}
-
 }  // namespace trainmem

@@ -4,7 +4,7 @@
 // (backward broadcasts the upstream scalar). Autocast runs them in f32.
 #pragma once
 
-#include "trainmem/detail/op_helpers.hpp"
+#include "trainmem/ops/op_helpers.hpp"
 
 namespace trainmem {
 

@@ -7,7 +7,7 @@
 
 #include <limits>
 
-#include "trainmem/detail/op_helpers.hpp"
+#include "trainmem/ops/op_helpers.hpp"
 
 namespace trainmem {
 

@@ -1,7 +1,21 @@
-// trainmem/detail/op_helpers.hpp — small pieces every op file shares.
+// trainmem/ops/op_helpers.hpp — small pieces every op file shares.
+//
+// What an op does between its OpRecorder's input() and finish(): check its arguments,
+// allocate outputs as temporaries (saving one makes it a saved activation), run an
+// element-wise kernel into a new tensor, and sum a broadcast gradient back down.
 #pragma once
 
 #include "trainmem/ops/op_recorder.hpp"
+
+namespace trainmem {
+
+/// Allocates an op output (a temporary until something saves it).
+template <class B>
+Tensor<B> new_tensor(B& backend, Shape shape, DType dtype) {
+  return Tensor<B>::empty(std::move(shape), dtype, MemCategory::Temporary, backend);
+}
+
+}  // namespace trainmem
 
 namespace trainmem::detail {
 
