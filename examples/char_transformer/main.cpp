@@ -44,11 +44,11 @@ using Clock = std::chrono::steady_clock;
 class CharText {
  public:
   explicit CharText(const std::filesystem::path& path) {
-    tmem::detail::check(std::filesystem::exists(path), "text file ", path.string(), ": does not exist");
+    tmem::require(std::filesystem::exists(path), "text file ", path.string(), ": does not exist");
     std::ifstream in(path, std::ios::binary);
-    tmem::detail::check(in.good(), "text file ", path.string(), ": cannot be opened");
+    tmem::require(in.good(), "text file ", path.string(), ": cannot be opened");
     const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-    tmem::detail::check(!in.bad(), "text file ", path.string(), ": read failed");
+    tmem::require(!in.bad(), "text file ", path.string(), ": read failed");
     std::array<bool, 256> seen{};
     for (unsigned char c : text) seen[c] = true;
     std::array<std::int32_t, 256> id{};
@@ -310,9 +310,9 @@ int main(int argc, char** argv) {
     const CharText text(text_path);
     // The last 10% of the text is held out: its loss shows whether the model generalises.
     const std::int64_t split = text.size() * 9 / 10;
-    tmem::detail::check(split - config.context - 1 > 0 && text.size() - split - config.context - 1 > 0, "text file ",
-                        text_path.string(), ": ", text.size(), " characters is too short for windows of ",
-                        config.context, " (need more than ", 10 * (config.context + 1), ")");
+    tmem::require(split - config.context - 1 > 0 && text.size() - split - config.context - 1 > 0, "text file ",
+                  text_path.string(), ": ", text.size(), " characters is too short for windows of ", config.context,
+                  " (need more than ", 10 * (config.context + 1), ")");
 
     // The plain F32 step of the same model, measured first (while no other model is alive)
     // so the memory table can put the chosen settings next to it.

@@ -84,8 +84,6 @@ inline void print_memory_table(const StepMemory& chosen, const std::string& chos
               ratio(chosen.peak_total, plain.peak_total).c_str());
 }
 
-namespace detail {
-
 inline std::string xml_escape(const std::string& text) {
   std::string out;
   for (char ch : text) {
@@ -109,11 +107,9 @@ inline double nice_step(double top, int ticks) {
   return 10.0 * power;
 }
 
-}  // namespace detail
-
 /// Writes the step's timeline as an SVG of stacked live bytes per category.
 inline void write_memory_svg(const StepMemory& m, const std::filesystem::path& path, const std::string& title) {
-  trainmem::detail::check(!m.timeline.empty(), "write_memory_svg: the step has no timeline (was it recorded?)");
+  trainmem::require(!m.timeline.empty(), "write_memory_svg: the step has no timeline (was it recorded?)");
   // Stacking order: long-lived state at the bottom, what a step creates on top.
   const std::array<MemCategory, kMemCategoryCount> order = {
       MemCategory::Parameter,       MemCategory::MasterWeight, MemCategory::OptimizerState, MemCategory::Gradient,
@@ -150,20 +146,20 @@ inline void write_memory_svg(const StepMemory& m, const std::filesystem::path& p
   constexpr double kWidth = 960, kHeight = 520, kLeft = 90, kRight = 190, kTop = 50, kBottom = 60;
   const double plot_w = kWidth - kLeft - kRight, plot_h = kHeight - kTop - kBottom;
   const double mib = 1024.0 * 1024.0;
-  const double step_mib = detail::nice_step(top / mib, 5);
+  const double step_mib = nice_step(top / mib, 5);
   const double y_max = std::ceil(top / mib / step_mib) * step_mib * mib;
   const double n = static_cast<double>(std::max<std::size_t>(1, live.size() - 1));
   const auto x_of = [&](double i) { return kLeft + plot_w * i / n; };
   const auto y_of = [&](double bytes) { return kTop + plot_h * (1.0 - bytes / y_max); };
 
   std::ofstream out(path);
-  trainmem::detail::check(out.good(), "write_memory_svg: cannot write ", path.string());
+  trainmem::require(out.good(), "write_memory_svg: cannot write ", path.string());
   char buf[256];
   out << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << kWidth << "\" height=\"" << kHeight
       << "\" font-family=\"sans-serif\" font-size=\"12\">\n";
   out << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
-  out << "<text x=\"" << kWidth / 2 << "\" y=\"24\" text-anchor=\"middle\" font-size=\"15\">"
-      << detail::xml_escape(title) << "</text>\n";
+  out << "<text x=\"" << kWidth / 2 << "\" y=\"24\" text-anchor=\"middle\" font-size=\"15\">" << xml_escape(title)
+      << "</text>\n";
 
   // Stacked areas as step functions: each event changes the value at its index.
   std::vector<double> below(live.size(), 0.0);
@@ -217,7 +213,7 @@ inline void write_memory_svg(const StepMemory& m, const std::filesystem::path& p
     previous_x = x;
     out << "<line x1=\"" << x << "\" y1=\"" << kTop << "\" x2=\"" << x << "\" y2=\"" << kTop + plot_h
         << "\" stroke=\"#222\" stroke-dasharray=\"4,3\"/>\n<text x=\"" << x + 3 << "\" y=\"" << label_y
-        << "\" font-size=\"11\">" << detail::xml_escape(label) << "</text>\n";
+        << "\" font-size=\"11\">" << xml_escape(label) << "</text>\n";
   }
 
   // Legend with each category's peak over the step.
@@ -235,7 +231,7 @@ inline void write_memory_svg(const StepMemory& m, const std::filesystem::path& p
   out << "<text x=\"" << kLeft + plot_w + 16 << "\" y=\"" << legend_y + 4 << "\" font-size=\"11\">total peak "
       << format_bytes(static_cast<double>(m.peak_total)) << "</text>\n";
   out << "</svg>\n";
-  trainmem::detail::check(out.good(), "write_memory_svg: writing ", path.string(), " failed");
+  trainmem::require(out.good(), "write_memory_svg: writing ", path.string(), " failed");
 }
 
 }  // namespace examples

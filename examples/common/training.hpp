@@ -51,8 +51,7 @@ trainmem::Var<B> run_stages(const std::vector<Stage<B>>& stages, trainmem::Var<B
       return x;
     }
     case CheckpointSchedule::Kind::Plan:  // the planner's segments, through ordinary regions
-      tmem::detail::check(!schedule.plan.empty(), "run_stages: checkpoint ", name_of(schedule),
-                          " has not been planned");
+      tmem::require(!schedule.plan.empty(), "run_stages: checkpoint ", name_of(schedule), " has not been planned");
       return tmem::ChainRunner<B>(stages, schedule.plan)(x);
   }
   return x;

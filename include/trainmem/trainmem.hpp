@@ -12,6 +12,7 @@
 #include "trainmem/core/tensor.hpp"
 
 #include "trainmem/backend/cpu/backend.hpp"
+#include "trainmem/backend/cpu/gemm_path.hpp"
 #include "trainmem/backend/cpu/threads.hpp"
 
 #include "trainmem/autograd/grad_mode.hpp"
