@@ -1,7 +1,7 @@
 // examples/common/memory_report.hpp — what one training step costs in memory, by category.
 //
-// `measure_step` opens a new peak window on a backend's MemoryStats (reset_peak), runs
-// one step, and reads the peak of every category: the numbers a memory saving is
+// `measure_step` opens a peak window on a backend's MemoryStats (trainmem::PeakWindow),
+// runs one step, and reads the peak of every category: the numbers a memory saving is
 // judged by. With the timeline on it also keeps every allocation, free and re-tag of
 // the step, and `write_memory_svg` draws it as stacked areas per category, with the
 // step's phases (forward, backward, optimizer) as marks. The SVG is plain text; no
@@ -29,8 +29,7 @@ using trainmem::MemoryStats;
 
 /// \brief Peak bytes per category over one step, and (optionally) its timeline.
 struct StepMemory {
-  std::array<std::int64_t, kMemCategoryCount> peak{};
-  std::int64_t peak_total = 0;
+  trainmem::PeakBytes peak;
   std::array<std::int64_t, kMemCategoryCount> live_at_start{};  // where the timeline starts
   std::vector<MemoryStats::TimelineEntry> timeline;
 };
@@ -42,11 +41,12 @@ StepMemory measure_step(MemoryStats& stats, Step&& step, bool record_timeline) {
   for (std::size_t c = 0; c < kMemCategoryCount; ++c) m.live_at_start[c] = stats.live(static_cast<MemCategory>(c));
   stats.clear_timeline();
   stats.record_timeline(record_timeline);
-  stats.reset_peak();
-  step();
+  {
+    const trainmem::PeakWindow window(stats);
+    step();
+    m.peak = window.peaks();
+  }
   stats.record_timeline(false);
-  for (std::size_t c = 0; c < kMemCategoryCount; ++c) m.peak[c] = stats.peak(static_cast<MemCategory>(c));
-  m.peak_total = stats.peak_total();
   if (record_timeline) m.timeline = stats.timeline();
   stats.clear_timeline();
   return m;
@@ -73,15 +73,16 @@ inline void print_memory_table(const StepMemory& chosen, const std::string& chos
   };
   std::printf("%-18s %22s %22s %8s\n", "peak bytes", chosen_name.c_str(), plain_name.c_str(), "ratio");
   for (std::size_t c = 0; c < kMemCategoryCount; ++c) {
-    if (chosen.peak[c] == 0 && plain.peak[c] == 0) continue;
+    if (chosen.peak.by_category[c] == 0 && plain.peak.by_category[c] == 0) continue;
     const auto name = trainmem::name_of(static_cast<MemCategory>(c));
     std::printf("%-18.*s %22s %22s %8s\n", static_cast<int>(name.size()), name.data(),
-                format_bytes(static_cast<double>(chosen.peak[c])).c_str(),
-                format_bytes(static_cast<double>(plain.peak[c])).c_str(), ratio(chosen.peak[c], plain.peak[c]).c_str());
+                format_bytes(static_cast<double>(chosen.peak.by_category[c])).c_str(),
+                format_bytes(static_cast<double>(plain.peak.by_category[c])).c_str(),
+                ratio(chosen.peak.by_category[c], plain.peak.by_category[c]).c_str());
   }
-  std::printf("%-18s %22s %22s %8s\n", "total (at peak)", format_bytes(static_cast<double>(chosen.peak_total)).c_str(),
-              format_bytes(static_cast<double>(plain.peak_total)).c_str(),
-              ratio(chosen.peak_total, plain.peak_total).c_str());
+  std::printf("%-18s %22s %22s %8s\n", "total (at peak)", format_bytes(static_cast<double>(chosen.peak.total)).c_str(),
+              format_bytes(static_cast<double>(plain.peak.total)).c_str(),
+              ratio(chosen.peak.total, plain.peak.total).c_str());
 }
 
 inline std::string xml_escape(const std::string& text) {
@@ -225,11 +226,12 @@ inline void write_memory_svg(const StepMemory& m, const std::filesystem::path& p
     out << "<rect x=\"" << kLeft + plot_w + 16 << "\" y=\"" << legend_y - 10 << "\" width=\"12\" height=\"12\" fill=\""
         << colour[c] << "\"/>\n<text x=\"" << kLeft + plot_w + 34 << "\" y=\"" << legend_y << "\">" << std::string(name)
         << "</text>\n<text x=\"" << kLeft + plot_w + 34 << "\" y=\"" << legend_y + 14
-        << "\" font-size=\"10\" fill=\"#555\">peak " << format_bytes(static_cast<double>(m.peak[c])) << "</text>\n";
+        << "\" font-size=\"10\" fill=\"#555\">peak " << format_bytes(static_cast<double>(m.peak.by_category[c]))
+        << "</text>\n";
     legend_y += 36;
   }
   out << "<text x=\"" << kLeft + plot_w + 16 << "\" y=\"" << legend_y + 4 << "\" font-size=\"11\">total peak "
-      << format_bytes(static_cast<double>(m.peak_total)) << "</text>\n";
+      << format_bytes(static_cast<double>(m.peak.total)) << "</text>\n";
   out << "</svg>\n";
   trainmem::require(out.good(), "write_memory_svg: writing ", path.string(), " failed");
 }

@@ -263,10 +263,10 @@ int run(Options o, examples::FashionMnist data) {
   const examples::StepMemory plain_memory = measure_memory<Model>(o, plain, train, false);
   if (o.settings.checkpoint.kind == examples::CheckpointSchedule::Kind::Plan) {
     const auto budget =
-        static_cast<std::int64_t>(o.settings.checkpoint.plan_fraction * static_cast<double>(plain_memory.peak_total));
+        static_cast<std::int64_t>(o.settings.checkpoint.plan_fraction * static_cast<double>(plain_memory.peak.total));
     std::printf("planning for a whole-step budget of %s (%g x the plain F32 step's %s):\n",
                 examples::format_bytes(static_cast<double>(budget)).c_str(), o.settings.checkpoint.plan_fraction,
-                examples::format_bytes(static_cast<double>(plain_memory.peak_total)).c_str());
+                examples::format_bytes(static_cast<double>(plain_memory.peak.total)).c_str());
     o.settings.checkpoint.plan = plan_schedule<Model>(o, train, budget);
   }
   const examples::StepMemory chosen_memory = measure_memory<Model>(o, o.settings, train, true);
@@ -357,11 +357,11 @@ int run(Options o, examples::FashionMnist data) {
   nlohmann::json memory_json;
   for (std::size_t c = 0; c < examples::kMemCategoryCount; ++c) {
     const std::string name(tmem::name_of(static_cast<tmem::MemCategory>(c)));
-    memory_json["chosen"][name] = chosen_memory.peak[c];
-    memory_json["plain"][name] = plain_memory.peak[c];
+    memory_json["chosen"][name] = chosen_memory.peak.by_category[c];
+    memory_json["plain"][name] = plain_memory.peak.by_category[c];
   }
-  memory_json["chosen"]["total"] = chosen_memory.peak_total;
-  memory_json["plain"]["total"] = plain_memory.peak_total;
+  memory_json["chosen"]["total"] = chosen_memory.peak.total;
+  memory_json["plain"]["total"] = plain_memory.peak.total;
   const nlohmann::json results = {{"model", model.describe()},
                                   {"parameters", parameter_count},
                                   {"precision", examples::name_of(o.settings.precision)},
