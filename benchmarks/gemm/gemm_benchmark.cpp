@@ -34,7 +34,6 @@
 #include <Eigen/Core>
 #include <algorithm>
 #include <array>
-#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -48,6 +47,7 @@
 #include <vector>
 
 #include "common/stats.hpp"
+#include "common/timing.hpp"
 #include "trainmem/backend/cpu/backend.hpp"
 #include "trainmem/backend/cpu/gemm_path.hpp"
 
@@ -113,9 +113,9 @@ double sampled_error(const void* a, const void* b, const void* c, tmem::DType in
 }
 
 double seconds_of(const std::function<void()>& fn) {
-  const auto start = std::chrono::steady_clock::now();
+  const benchmarks::Stopwatch watch;
   fn();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return watch.seconds();
 }
 
 struct Row {
