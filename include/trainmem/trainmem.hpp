@@ -36,6 +36,7 @@
 #include "trainmem/amp/cast_cache.hpp"
 #include "trainmem/amp/grad_scaler.hpp"
 #include "trainmem/amp/master_weights.hpp"
+#include "trainmem/amp/train_step.hpp"
 
 #include "trainmem/nn/attention.hpp"
 #include "trainmem/nn/embedding.hpp"
