@@ -1,10 +1,10 @@
 // checkpoint_schedules — memory saved and time paid by each checkpoint schedule.
 //
 // A deep residual MLP chain (N blocks of x + Linear(GELU(Linear(LayerNorm(x))))), the
-// same width for every N, one training step (forward, backward, SGD update) per
-// measurement. For each N and schedule it reports peak saved-activation bytes and peak
-// total bytes from MemoryStats, the median step time, and both as ratios to the plain
-// step measured in the same run; schedules are timed round-robin so that machine noise
+// same width for every N, one f32 training step (amp::TrainStep: forward, backward, SGD
+// update) per measurement. For each N and schedule it reports peak saved-activation
+// bytes and peak total bytes from a MemoryStats peak window, the median step time,
+// and both as ratios to the plain step measured in the same run; schedules are timed round-robin so that machine noise
 // hits them alike. Writes a JSON file and an SVG chart (memory against time overhead).
 //
 // The default batch (256 rows) makes a block's activations (1.3 MB) outweigh its
@@ -16,7 +16,6 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <ctime>
@@ -24,6 +23,7 @@
 #include <iomanip>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -31,6 +31,7 @@
 #include "trainmem/trainmem.hpp"
 
 #include "common/stats.hpp"
+#include "common/timing.hpp"
 
 namespace tmem = trainmem;
 using B = tmem::cpu::Backend;
@@ -62,11 +63,15 @@ struct Chain {
         for (auto& p : ps->parameters()) params.push_back(p);
     for (int i = 0; i < n; ++i)
       for (auto& p : norm[i].parameters()) params.push_back(p);
+    optimizer.emplace(params, tmem::optim::SgdOptions{.lr = 1e-3});
+    train.emplace(*optimizer);
   }
   std::vector<tmem::nn::Linear<B>> up, down;
   std::vector<tmem::nn::LayerNorm<B>> norm;
   std::vector<tmem::Layer<B>> layers;
   std::vector<Var> params;
+  std::optional<tmem::optim::SGD<B>> optimizer;
+  std::optional<tmem::amp::TrainStep<B>> train;  // f32: forward, backward, SGD step
 };
 
 using Schedule = std::function<Var(tmem::Tape<B>&, const std::vector<tmem::Layer<B>>&, const Var&)>;
@@ -102,31 +107,24 @@ std::vector<std::pair<std::string, Schedule>> schedules(const Config& c) {
 }
 
 struct Measurement {
-  std::int64_t peak_saved = 0, peak_total = 0;
+  tmem::PeakBytes peak;  // the largest of every step's peaks
   std::vector<double> step_ms;
+
+  std::int64_t peak_saved() const { return peak[tmem::MemCategory::SavedActivation]; }
 };
 
 /// One training step; returns its wall time in ms and updates the peaks.
 double step(Chain& chain, const Schedule& schedule, const tmem::Tensor<B>& input, Measurement& m) {
-  auto& stats = B::default_instance().memory();
-  for (auto& p : chain.params) p.zero_grad();
-  stats.reset_peak();
-  const auto start = std::chrono::steady_clock::now();
+  const tmem::PeakWindow window(B::default_instance().memory());
+  const benchmarks::Stopwatch watch;
   {
     tmem::Tape<B> tape;
     auto x = tape.input(input);
-    auto loss = tmem::mean(schedule(tape, chain.layers, x));
-    tape.backward(loss);
+    chain.train->run([&] { return tmem::mean(schedule(tape, chain.layers, x)); });
   }
-  {
-    tmem::NoGradGuard no_grad;
-    for (auto& p : chain.params)
-      B::default_instance().map(tmem::math::AddScaled{-1e-3}, p.value(), p.grad(), p.value());
-  }
-  const auto stop = std::chrono::steady_clock::now();
-  m.peak_saved = std::max(m.peak_saved, stats.peak(tmem::MemCategory::SavedActivation));
-  m.peak_total = std::max(m.peak_total, stats.peak_total());
-  return std::chrono::duration<double, std::milli>(stop - start).count();
+  const double ms = watch.ms();
+  m.peak.merge(window.peaks());
+  return ms;
 }
 
 std::string svg_chart(const nlohmann::json& rows, const std::vector<int>& sizes) {
@@ -216,21 +214,21 @@ int main(int argc, char** argv) {
     const double none_ms = benchmarks::median(m[0].step_ms);
     for (std::size_t s = 0; s < scheds.size(); ++s) {
       const double ms = benchmarks::median(m[s].step_ms);
-      const double saved_ratio = static_cast<double>(m[s].peak_saved) / static_cast<double>(m[0].peak_saved);
+      const double saved_ratio = static_cast<double>(m[s].peak_saved()) / static_cast<double>(m[0].peak_saved());
       std::printf("%6d  %-12s %16lld %16lld %10.2f %10.3f %10.3f\n", n, scheds[s].first.c_str(),
-                  static_cast<long long>(m[s].peak_saved), static_cast<long long>(m[s].peak_total), ms, saved_ratio,
+                  static_cast<long long>(m[s].peak_saved()), static_cast<long long>(m[s].peak.total), ms, saved_ratio,
                   ms / none_ms);
       rows.push_back({{"n", n},
                       {"schedule", scheds[s].first},
-                      {"peak_saved_bytes", m[s].peak_saved},
-                      {"peak_total_bytes", m[s].peak_total},
+                      {"peak_saved_bytes", m[s].peak_saved()},
+                      {"peak_total_bytes", m[s].peak.total},
                       {"step_ms", ms},
                       {"step_ms_all", m[s].step_ms},
                       {"time_ratio_vs_none", ms / none_ms},
                       {"saved_ratio_vs_none", saved_ratio}});
-      if (scheds[s].first == "sqrt_n") sqrt_peak[n] = m[s].peak_saved;
+      if (scheds[s].first == "sqrt_n") sqrt_peak[n] = m[s].peak_saved();
     }
-    none_peak[n] = m[0].peak_saved;
+    none_peak[n] = m[0].peak_saved();
   }
 
   // sqrt(N) against the (k + N/k) A model, A = one block's saved bytes in the plain run.

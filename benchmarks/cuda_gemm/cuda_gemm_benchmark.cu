@@ -59,7 +59,8 @@ struct Problem {
   bool trans_b;
   tmem::DType dtype;
   std::string name() const {
-    return tmem::detail::concat(m, "x", n, "x", k, " ", trans_b ? "NT" : "NN", " ", tmem::name_of(dtype));
+    return std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) + (trans_b ? " NT " : " NN ") +
+           std::string(tmem::name_of(dtype));
   }
   double flops() const { return 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k); }
 };
@@ -107,7 +108,7 @@ class DirectLt {
     TRAINMEM_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle_, desc_, layout_a_, layout_b_, layout_c_, layout_c_,
                                                          preference, 1, &result, &returned));
     cublasLtMatmulPreferenceDestroy(preference);
-    tmem::detail::check(returned > 0, "direct cuBLASLt: no algorithm for ", p.name());
+    tmem::require(returned > 0, "direct cuBLASLt: no algorithm for ", p.name());
     algo_ = result.algo;
   }
   ~DirectLt() {

@@ -4,8 +4,9 @@
 // 1024 tokens per sequence, batch 8, 6 blocks by default) runs one full step —
 // forward, mean loss, backward, AdamW — in two precisions and three schedules:
 //   precision  f32: f32 parameters and activations, f32 GEMMs without TF32;
-//              bf16: f32 parameters under amp::Autocast(BF16) (bf16 GEMMs with f32
-//              accumulation, f32 softmax/norms/loss, weights cast once per step);
+//              bf16: f32 parameters with the forward under autocast (amp::TrainStep
+//              without master weights: bf16 GEMMs with f32 accumulation, f32
+//              softmax/norms/loss, weights cast once per step);
 //   schedule   plain: every activation kept for backward;
 //              full: each block a checkpoint region that keeps nothing (full recompute);
 //              selective: regions keeping matmul outputs (policy::save_matmuls).
@@ -15,7 +16,7 @@
 // Timing per METHOD.md: CUDA events around the whole step on the backend's stream
 // (host gaps included), warm-up steps first, then the median of --steps steps. The
 // configurations run one after another, each alone on the device, so the peak bytes
-// per MemoryStats category (over each step, the window reset at its start) are its own.
+// per MemoryStats category (over each step's PeakWindow) are its own.
 //
 //   trainmem_cuda_train_step_benchmark [--json PATH] [--layers N] [--batch B] [--seq T]
 //                                      [--dim D] [--heads H] [--steps N] [--dropout P] [--quick]
@@ -27,7 +28,6 @@
 #include <fstream>
 #include <functional>
 #include <memory>
-#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -117,11 +117,11 @@ struct Run {
   Schedule schedule;
   std::vector<tmem::nn::TransformerBlock<Gpu>> blocks;
   std::unique_ptr<tmem::optim::AdamW<Gpu>> optimizer;
+  std::unique_ptr<tmem::amp::TrainStep<Gpu>> train;  // the precision around the optimizer
   TensorT input;
   std::vector<double> step_ms;
   double first_loss = 0.0, first_grad_norm2 = 0.0;
-  std::array<std::int64_t, tmem::kMemCategoryCount> peak{};
-  std::int64_t peak_total = 0;
+  tmem::PeakBytes peak;  // the largest of every step's peaks
 };
 
 std::unique_ptr<Run> make_run(const Config& c, tmem::DType precision, Schedule schedule, const std::vector<float>& x) {
@@ -135,6 +135,8 @@ std::unique_ptr<Run> make_run(const Config& c, tmem::DType precision, Schedule s
   for (const auto& block : run->blocks)
     for (const auto& p : block.parameters()) params.push_back(p);
   run->optimizer = std::make_unique<tmem::optim::AdamW<Gpu>>(params, tmem::optim::AdamWOptions{3e-4});
+  run->train = std::make_unique<tmem::amp::TrainStep<Gpu>>(
+      *run->optimizer, tmem::amp::TrainStepOptions{.precision = precision, .master_weights = false});
   run->input = TensorT::from_host(tmem::Shape{c.batch, c.seq, c.dim}, x, tmem::DType::F32);
   return run;
 }
@@ -146,25 +148,21 @@ double step(Run& run, bool record) {
   TRAINMEM_CUDA_CHECK(cudaEventCreate(&start));
   TRAINMEM_CUDA_CHECK(cudaEventCreate(&stop));
   gpu.synchronize();
-  gpu.memory().reset_peak();
+  const tmem::PeakWindow window(gpu.memory());
   TRAINMEM_CUDA_CHECK(cudaEventRecord(start, gpu.stream()));
   {
     tmem::Tape<Gpu> tape(gpu);
     tape.manual_seed(7);
-    run.optimizer->zero_grad();
     Var x = tape.input(run.input);
-    std::optional<tmem::amp::Autocast> autocast;
-    if (run.precision == tmem::DType::BF16) autocast.emplace(tmem::DType::BF16);
-    Var loss = tmem::mean(run_blocks(run.schedule, tape, run.blocks, x));
-    tape.backward(loss);
-    autocast.reset();
+    Var loss = run.train->forward([&] { return tmem::mean(run_blocks(run.schedule, tape, run.blocks, x)); });
+    run.train->backward(loss);
     if (record) {  // the first step's loss and gradient norm, before the update
       run.first_loss = loss.value().to_host<double>()[0];
       auto norm2 = TensorT::zeros(tmem::Shape{}, tmem::DType::F64);
       for (const auto& e : run.optimizer->entries()) gpu.sum_squares(e.param.grad(), norm2);
       run.first_grad_norm2 = norm2.to_host<double>()[0];
     }
-    run.optimizer->step();
+    run.train->update();  // steps and zeroes the gradients
   }
   TRAINMEM_CUDA_CHECK(cudaEventRecord(stop, gpu.stream()));
   TRAINMEM_CUDA_CHECK(cudaEventSynchronize(stop));
@@ -173,9 +171,7 @@ double step(Run& run, bool record) {
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
   gpu.synchronize();
-  for (std::size_t c = 0; c < tmem::kMemCategoryCount; ++c)
-    run.peak[c] = std::max(run.peak[c], gpu.memory().peak(static_cast<tmem::MemCategory>(c)));
-  run.peak_total = std::max(run.peak_total, gpu.memory().peak_total());
+  run.peak.merge(window.peaks());
   return ms;
 }
 
@@ -210,6 +206,7 @@ int main(int argc, char** argv) {
                     benchmarks::median(run->step_ms));
         std::fflush(stdout);
         run->blocks.clear();  // free the model and its optimizer state before the next one
+        run->train.reset();
         run->optimizer.reset();
         run->input = TensorT();
         tmem::amp::CastCache<Gpu>::instance().clear();
@@ -248,9 +245,10 @@ int main(int argc, char** argv) {
             << ", \"over_plain\": " << benchmarks::median(r.step_ms) / plain << ", \"step_ms\": [";
         for (std::size_t s = 0; s < r.step_ms.size(); ++s) out << (s ? ", " : "") << r.step_ms[s];
         out << "], \"first_loss\": " << r.first_loss << ", \"first_grad_norm2\": " << r.first_grad_norm2
-            << ", \"peak_total_bytes\": " << r.peak_total << ", \"peak_bytes\": {";
+            << ", \"peak_total_bytes\": " << r.peak.total << ", \"peak_bytes\": {";
         for (std::size_t k = 0; k < tmem::kMemCategoryCount; ++k)
-          out << (k ? ", " : "") << "\"" << tmem::name_of(static_cast<tmem::MemCategory>(k)) << "\": " << r.peak[k];
+          out << (k ? ", " : "") << "\"" << tmem::name_of(static_cast<tmem::MemCategory>(k))
+              << "\": " << r.peak.by_category[k];
         out << "}}" << (i + 1 < runs.size() ? "," : "") << "\n";
       }
       out << "  ]\n}\n";
@@ -266,10 +264,10 @@ int main(int argc, char** argv) {
     for (const auto& run : runs) {
       const Run& r = *run;
       const double plain = benchmarks::median(find(r.precision, Schedule::Plain).step_ms);
-      const auto cat = [&](tmem::MemCategory k) { return r.peak[static_cast<std::size_t>(k)]; };
+      const auto cat = [&](tmem::MemCategory k) { return r.peak[k]; };
       std::printf("%-5s %-9s %10.2f %8.3f %12.2f %12.2f %12.2f\n", std::string(tmem::name_of(r.precision)).c_str(),
                   name_of(r.schedule), benchmarks::median(r.step_ms), benchmarks::median(r.step_ms) / plain,
-                  gib(r.peak_total), gib(cat(tmem::MemCategory::SavedActivation)),
+                  gib(r.peak.total), gib(cat(tmem::MemCategory::SavedActivation)),
                   gib(cat(tmem::MemCategory::Parameter) + cat(tmem::MemCategory::OptimizerState)));
     }
     std::printf("bf16 speed-up over f32 (plain): %.2fx; first steps consistent across schedules: %s\n",

@@ -34,7 +34,6 @@
 #include <Eigen/Core>
 #include <algorithm>
 #include <array>
-#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -48,7 +47,9 @@
 #include <vector>
 
 #include "common/stats.hpp"
+#include "common/timing.hpp"
 #include "trainmem/backend/cpu/backend.hpp"
+#include "trainmem/backend/cpu/gemm_path.hpp"
 
 namespace {
 
@@ -112,9 +113,9 @@ double sampled_error(const void* a, const void* b, const void* c, tmem::DType in
 }
 
 double seconds_of(const std::function<void()>& fn) {
-  const auto start = std::chrono::steady_clock::now();
+  const benchmarks::Stopwatch watch;
   fn();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return watch.seconds();
 }
 
 struct Row {
@@ -167,7 +168,7 @@ std::vector<Row> bench_shape(const Shape3& s, int reps, int warmup, bool native_
   auto path_taken = [&](tmem::DType dtype, tmem::cpu::GemmPath path) {
     tmem::cpu::force_gemm_path(path);
     std::string name = tmem::visit_floating(
-        dtype, "gemm", [&]<class T>() { return std::string(tmem::cpu::detail::gemm_path_name<T, T>(args)); });
+        dtype, "gemm", [&]<class T>() { return std::string(tmem::cpu::gemm_path_taken<T>(args)); });
     tmem::cpu::force_gemm_path(tmem::cpu::GemmPath::Auto);
     return name;
   };
@@ -400,7 +401,7 @@ int main(int argc, char** argv) {
   Eigen::setNbThreads(threads);
   if (check) {
     int failed = run_check(tmem::cpu::GemmPath::Eigen);
-    if (tmem::cpu::detail::kHaveOneDnn) failed |= run_check(tmem::cpu::GemmPath::OneDnn);
+    if (tmem::cpu::onednn_support().built_in) failed |= run_check(tmem::cpu::GemmPath::OneDnn);
     return failed;
   }
 
@@ -411,8 +412,9 @@ int main(int argc, char** argv) {
               threads, openmp_threads, Eigen::nbThreads(), reps);
   std::printf("err = max |C - C64| / (|A||B|) over %d sampled entries; tol = its bound for the accumulation used\n",
               samples);
-  std::printf("oneDNN: %s; effective ISA %s, AMX %s\n", tmem::cpu::detail::kHaveOneDnn ? "built in" : "not built in",
-              tmem::cpu::detail::onednn_isa_name(), tmem::cpu::detail::onednn_has_amx() ? "yes" : "no");
+  const tmem::cpu::OneDnnSupport onednn = tmem::cpu::onednn_support();
+  std::printf("oneDNN: %s; effective ISA %s, AMX %s\n", onednn.built_in ? "built in" : "not built in", onednn.isa,
+              onednn.amx ? "yes" : "no");
   std::mt19937_64 rng(2024);
   std::vector<Shape3> shapes = {{512, 512, 512}, {1024, 1024, 1024}, {8192, 768, 768}};
   if (no_large) shapes.pop_back();

@@ -14,7 +14,6 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <functional>
@@ -22,6 +21,7 @@
 #include <vector>
 
 #include "common/stats.hpp"
+#include "common/timing.hpp"
 #include "trainmem/trainmem.hpp"
 
 namespace tmem = trainmem;
@@ -79,12 +79,12 @@ int main(int argc, char** argv) {
       const Var w = tape.input(tiny(tmem::Shape{4, 4}, 0.25), true, "w");
       const Var v = tape.input(tiny(tmem::Shape{4}, 1.0), true, "v");
       const Var v2 = tape.input(tiny(tmem::Shape{4}, 0.0), true, "v2");
-      const auto start = std::chrono::steady_clock::now();
+      const benchmarks::Stopwatch watch;
       Var y = x;
       for (int i = 0; i < chain; ++i) y = op.apply(y, w, v, v2);
       tape.backward(tmem::sum(y));
       tape.clear();
-      const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
+      const double us = watch.us();
       if (r >= warmup) per_op_us.push_back(us / chain);
     }
     const double med = benchmarks::median(per_op_us), best = *std::min_element(per_op_us.begin(), per_op_us.end());

@@ -16,7 +16,6 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <ctime>
 #include <fstream>
@@ -29,6 +28,7 @@
 #include "trainmem/trainmem.hpp"
 
 #include "common/stats.hpp"
+#include "common/timing.hpp"
 
 namespace tmem = trainmem;
 using B = tmem::cpu::Backend;
@@ -80,9 +80,9 @@ void run_model(const std::string& name, const Model& model, const Config& c, nlo
                nlohmann::json& solves) {
   const tmem::ChainStep<B> step = [&model](const tmem::ChainRunner<B>& run) { model.step(run); };
   const auto n = static_cast<std::int64_t>(model.stages.size());
-  const auto t0 = std::chrono::steady_clock::now();
+  const benchmarks::Stopwatch profile_watch;
   tmem::Planner<B> planner(model.stages, step, {3, {}});
-  const double profile_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double profile_s = profile_watch.seconds();
   const tmem::ChainProfile& profile = planner.profile();
   const std::int64_t plain_saved = profile.plain_peak[1];
 
@@ -116,10 +116,10 @@ void run_model(const std::string& name, const Model& model, const Config& c, nlo
       name.c_str(), static_cast<long long>(n), profile_s, static_cast<long long>(plain_saved),
       static_cast<long long>(profile.plain_peak[0]), static_cast<long long>(profile.model_state));
   for (std::size_t b = 0; b < budgets.size(); ++b) {
-    const auto s0 = std::chrono::steady_clock::now();
+    const benchmarks::Stopwatch solve_watch;
     try {
       const tmem::CheckpointPlan<B> plan = planner.plan(tmem::Budget::saved_activations(budgets[b].bytes));
-      const double solve_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s0).count();
+      const double solve_ms = solve_watch.ms();
       std::printf("%s", plan.str().c_str());
       entries.push_back({"planner",
                          plan.segments(),
@@ -195,10 +195,10 @@ void run_model(const std::string& name, const Model& model, const Config& c, nlo
       big.stages.push_back(profile.stages[1 + big.stages.size() % static_cast<std::size_t>(n - 2)]);
     const std::int64_t plain_big = tmem::predict(big, {{0, 1024, tmem::StageMode::Keep}}).peak[1];
     for (double f : {0.5, 0.25, 0.1}) {
-      const auto s0 = std::chrono::steady_clock::now();
+      const benchmarks::Stopwatch solve_watch;
       const tmem::PlanSolution s = tmem::solve_chain(big, tmem::MemChannel::Saved,
                                                      static_cast<std::int64_t>(f * static_cast<double>(plain_big)));
-      const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s0).count();
+      const double ms = solve_watch.ms();
       std::printf("  solve, 1024 stages of %s at %.2f of plain saved: %.1f ms (%s, %zu segments)\n", name.c_str(), f,
                   ms, s.feasible ? "feasible" : "infeasible", s.segments.size());
       solves.push_back({{"model", name + " x1024"},

@@ -160,7 +160,7 @@ void write_floats(const std::filesystem::path& path, const std::vector<std::vect
   std::ofstream out(path, std::ios::binary);
   for (const auto& c : chunks)
     out.write(reinterpret_cast<const char*>(c.data()), static_cast<std::streamsize>(c.size() * sizeof(float)));
-  tmem::detail::check(static_cast<bool>(out), "trainmem_side: cannot write ", path.string());
+  tmem::require(static_cast<bool>(out), "trainmem_side: cannot write ", path.string());
 }
 json shape_json(const tmem::Shape& s) { return json(s.dims()); }
 
@@ -290,9 +290,9 @@ int main(int argc, char** argv) {
   // The PyTorch side reads the exported files: a run with other sizes would compare different models.
   if (std::ifstream manifest_file(dir / "manifest.json"); manifest_file) {
     const json manifest = json::parse(manifest_file);
-    tmem::detail::check(manifest.at("sizes") == s.to_json(), "trainmem_side: ", (dir / "manifest.json").string(),
-                        " was exported with sizes ", manifest.at("sizes").dump(), ", this run has ", s.to_json().dump(),
-                        "; pass the same sizes or export again");
+    tmem::require(manifest.at("sizes") == s.to_json(), "trainmem_side: ", (dir / "manifest.json").string(),
+                  " was exported with sizes ", manifest.at("sizes").dump(), ", this run has ", s.to_json().dump(),
+                  "; pass the same sizes or export again");
   }
 
   const Tensor inputs = Tensor::from_host(in_shape, inputs_host);
@@ -357,7 +357,7 @@ int main(int argc, char** argv) {
     if (step == 0) {  // every gradient after the first step, before the update consumes it
       std::vector<std::vector<float>> grads;
       for (const Var& p : model->parameters()) {
-        tmem::detail::check(p.grad().defined(), "trainmem_side: '", p.name(), "' got no gradient");
+        tmem::require(p.grad().defined(), "trainmem_side: '", p.name(), "' got no gradient");
         grads.push_back(p.grad().to_host<float>());
       }
       write_floats(dir / ("grads_" + config + ".bin"), grads);

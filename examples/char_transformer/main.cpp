@@ -44,11 +44,11 @@ using Clock = std::chrono::steady_clock;
 class CharText {
  public:
   explicit CharText(const std::filesystem::path& path) {
-    tmem::detail::check(std::filesystem::exists(path), "text file ", path.string(), ": does not exist");
+    tmem::require(std::filesystem::exists(path), "text file ", path.string(), ": does not exist");
     std::ifstream in(path, std::ios::binary);
-    tmem::detail::check(in.good(), "text file ", path.string(), ": cannot be opened");
+    tmem::require(in.good(), "text file ", path.string(), ": cannot be opened");
     const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-    tmem::detail::check(!in.bad(), "text file ", path.string(), ": read failed");
+    tmem::require(!in.bad(), "text file ", path.string(), ": read failed");
     std::array<bool, 256> seen{};
     for (unsigned char c : text) seen[c] = true;
     std::array<std::int32_t, 256> id{};
@@ -176,15 +176,15 @@ Batch make_batch(const std::vector<std::int32_t>& ids, const std::vector<std::in
   return b;
 }
 
-/// \brief One training run: the model under its settings, AdamW, the precision runner
+/// \brief One training run: the model under its settings, AdamW, the precision step
 /// (masters, loss scaling) and the tape.
 struct Training {
   Training(const ModelConfig& config, std::int64_t vocabulary, std::uint64_t seed,
            const examples::MemorySettings& run_settings, double lr, double weight_decay)
       : settings(run_settings),
-        model(config, vocabulary, seed, examples::PrecisionRunner<B>::parameter_dtype(settings.precision)),
+        model(config, vocabulary, seed, tmem::DType::F32),  // mixed precision narrows the parameters after
         optimizer(model.parameters(), {.lr = lr, .weight_decay = weight_decay}),
-        runner(settings.precision, optimizer),
+        runner(optimizer, {.precision = examples::dtype_of(settings.precision)}),
         stages(model.stages(true)) {
     tape.manual_seed(seed);
   }
@@ -192,7 +192,7 @@ struct Training {
   Training& operator=(const Training&) = delete;
 
   /// One optimizer step on `b` under the run's checkpoint schedule.
-  examples::StepOutcome step(const Batch& b) {
+  tmem::amp::StepReport<B> step(const Batch& b) {
     return examples::train_step(
         tape, model, stages, b.inputs,
         [&](const tmem::Var<B>& logits) { return tmem::cross_entropy(logits, b.targets); }, settings.checkpoint,
@@ -202,7 +202,7 @@ struct Training {
   examples::MemorySettings settings;
   CharTransformer model;
   tmem::optim::AdamW<B> optimizer;
-  examples::PrecisionRunner<B> runner;
+  tmem::amp::TrainStep<B> runner;
   tmem::Tape<B> tape;
   std::vector<Stage<B>> stages;
 };
@@ -310,9 +310,9 @@ int main(int argc, char** argv) {
     const CharText text(text_path);
     // The last 10% of the text is held out: its loss shows whether the model generalises.
     const std::int64_t split = text.size() * 9 / 10;
-    tmem::detail::check(split - config.context - 1 > 0 && text.size() - split - config.context - 1 > 0, "text file ",
-                        text_path.string(), ": ", text.size(), " characters is too short for windows of ",
-                        config.context, " (need more than ", 10 * (config.context + 1), ")");
+    tmem::require(split - config.context - 1 > 0 && text.size() - split - config.context - 1 > 0, "text file ",
+                  text_path.string(), ": ", text.size(), " characters is too short for windows of ", config.context,
+                  " (need more than ", 10 * (config.context + 1), ")");
 
     // The plain F32 step of the same model, measured first (while no other model is alive)
     // so the memory table can put the chosen settings next to it.
@@ -352,7 +352,7 @@ int main(int argc, char** argv) {
       run.optimizer.options().lr = examples::learning_rate(lr, step, steps);
       const Batch b = make_batch(text.ids(), random_starts(rng, batch, 0, split, config.context), config.context);
       const auto one_step = [&] {
-        loss_sum += run.step(b).loss;
+        loss_sum += run.step(b).loss_value();
         ++loss_count;
       };
       // The second step is measured (the first allocates the optimizer state).

@@ -35,20 +35,18 @@ struct IdxArray {
   std::int64_t count() const { return dims.empty() ? 0 : dims[0]; }
 };
 
-namespace detail {
-
 /// Bytes of an IDX file, inflated when it is gzip; every read checks for short reads and zlib errors.
 class GzReader {
  public:
   explicit GzReader(const std::filesystem::path& path) : path_(path.string()) {
-    trainmem::detail::check(std::filesystem::exists(path), "IDX file ", path_, ": does not exist");
+    trainmem::require(std::filesystem::exists(path), "IDX file ", path_, ": does not exist");
     file_.open(path, std::ios::binary);
-    trainmem::detail::check(file_.is_open(), "IDX file ", path_, ": cannot be opened");
+    trainmem::require(file_.is_open(), "IDX file ", path_, ": cannot be opened");
     refill();
     gzip_ = z_.avail_in >= 2 && buffer_[0] == 0x1f && buffer_[1] == 0x8b;
     if (gzip_) {
       // 15 + 16: the largest window, and a gzip header and trailer around the deflate data.
-      trainmem::detail::check(inflateInit2(&z_, 15 + 16) == Z_OK, "IDX file ", path_, ": zlib cannot start inflating");
+      trainmem::require(inflateInit2(&z_, 15 + 16) == Z_OK, "IDX file ", path_, ": zlib cannot start inflating");
       inflating_ = true;
     }
   }
@@ -71,23 +69,23 @@ class GzReader {
       done += got;
       if (got < want) break;
     }
-    trainmem::detail::check(done == bytes, "IDX file ", path_, ": truncated while reading the ", what, " (expected ",
-                            whole != 0 ? whole : bytes, " bytes, got ", before + done, ")",
-                            gzip_ ? " (zlib: the compressed stream ends early)" : "");
+    trainmem::require(done == bytes, "IDX file ", path_, ": truncated while reading the ", what, " (expected ",
+                      whole != 0 ? whole : bytes, " bytes, got ", before + done, ")",
+                      gzip_ ? " (zlib: the compressed stream ends early)" : "");
   }
 
   /// Reads past the payload: finds data a well-formed file does not have, and makes
   /// zlib reach the gzip trailer and verify it (CRC-32, length).
   void require_end() {
     unsigned char extra = 0;
-    trainmem::detail::check(produce(&extra, 1, "end of the data") == 0, "IDX file ", path_,
-                            ": has bytes after the data its header declares (not an IDX file of that shape)");
+    trainmem::require(produce(&extra, 1, "end of the data") == 0, "IDX file ", path_,
+                      ": has bytes after the data its header declares (not an IDX file of that shape)");
     if (!gzip_) return;
-    trainmem::detail::check(stream_end_, "IDX file ", path_,
-                            ": truncated after the data (the gzip trailer with its "
-                            "CRC-32 and length is missing or incomplete)");
-    trainmem::detail::check(z_.avail_in == 0 && !refill(), "IDX file ", path_,
-                            ": has bytes after its gzip member (junk, or a second member; an IDX file has one)");
+    trainmem::require(stream_end_, "IDX file ", path_,
+                      ": truncated after the data (the gzip trailer with its "
+                      "CRC-32 and length is missing or incomplete)");
+    trainmem::require(z_.avail_in == 0 && !refill(), "IDX file ", path_,
+                      ": has bytes after its gzip member (junk, or a second member; an IDX file has one)");
   }
 
  private:
@@ -120,9 +118,9 @@ class GzReader {
       const int rc = inflate(&z_, Z_NO_FLUSH);
       if (rc == Z_STREAM_END) {
         stream_end_ = true;
-      } else if (rc != Z_OK && rc != Z_BUF_ERROR) {
-        throw trainmem::Error(trainmem::detail::concat("IDX file ", path_, ": corrupt gzip data while reading the ",
-                                                       what, " (zlib: ", z_.msg != nullptr ? z_.msg : zError(rc), ")"));
+      } else {
+        trainmem::require(rc == Z_OK || rc == Z_BUF_ERROR, "IDX file ", path_, ": corrupt gzip data while reading the ",
+                          what, " (zlib: ", z_.msg != nullptr ? z_.msg : zError(rc), ")");
       }
     }
     return bytes - z_.avail_out;
@@ -139,29 +137,26 @@ inline std::uint32_t big_endian_u32(const std::array<unsigned char, 4>& b) {
   return (std::uint32_t{b[0]} << 24) | (std::uint32_t{b[1]} << 16) | (std::uint32_t{b[2]} << 8) | std::uint32_t{b[3]};
 }
 
-}  // namespace detail
-
 /// IDX element type code for unsigned bytes, the only type (Fashion-)MNIST uses.
 inline constexpr unsigned char kIdxUnsignedByte = 0x08;
 
 /// Reads an IDX file of unsigned bytes with `expected_rank` extents (1: labels, 3: images).
 inline IdxArray read_idx(const std::filesystem::path& path, std::size_t expected_rank) {
-  detail::GzReader in(path);
+  GzReader in(path);
   std::array<unsigned char, 4> magic{};
   in.read_exactly(magic.data(), magic.size(), "magic number");
-  trainmem::detail::check(magic[0] == 0 && magic[1] == 0 && magic[2] == kIdxUnsignedByte && magic[3] == expected_rank,
-                          "IDX file ", in.path(), ": wrong magic number 0x", std::hex, detail::big_endian_u32(magic),
-                          " (expected 0x", 0x800u + expected_rank, std::dec, ": unsigned bytes, rank ", expected_rank,
-                          ")");
+  trainmem::require(magic[0] == 0 && magic[1] == 0 && magic[2] == kIdxUnsignedByte && magic[3] == expected_rank,
+                    "IDX file ", in.path(), ": wrong magic number 0x", std::hex, big_endian_u32(magic), " (expected 0x",
+                    0x800u + expected_rank, std::dec, ": unsigned bytes, rank ", expected_rank, ")");
   IdxArray array;
   std::int64_t total = 1;
   for (std::size_t axis = 0; axis < expected_rank; ++axis) {
     std::array<unsigned char, 4> extent{};
     in.read_exactly(extent.data(), extent.size(), "header extents");
-    const std::int64_t dim = detail::big_endian_u32(extent);
+    const std::int64_t dim = big_endian_u32(extent);
     // 2^31 elements is far beyond any IDX data set; a larger value means a damaged header.
-    trainmem::detail::check(dim > 0 && total <= (std::int64_t{1} << 31) / dim, "IDX file ", in.path(), ": extent ",
-                            axis, " is ", dim, ", which no IDX data set of this kind has (damaged header?)");
+    trainmem::require(dim > 0 && total <= (std::int64_t{1} << 31) / dim, "IDX file ", in.path(), ": extent ", axis,
+                      " is ", dim, ", which no IDX data set of this kind has (damaged header?)");
     total *= dim;
     array.dims.push_back(dim);
   }
@@ -189,11 +184,11 @@ inline ImageSet read_image_set(const std::filesystem::path& images_path, const s
                                int classes) {
   IdxArray images = read_idx(images_path, 3);
   IdxArray labels = read_idx(labels_path, 1);
-  trainmem::detail::check(images.count() == labels.count(), "IDX files ", images_path.string(), " and ",
-                          labels_path.string(), ": ", images.count(), " images but ", labels.count(), " labels");
+  trainmem::require(images.count() == labels.count(), "IDX files ", images_path.string(), " and ", labels_path.string(),
+                    ": ", images.count(), " images but ", labels.count(), " labels");
   for (std::size_t i = 0; i < labels.values.size(); ++i)
-    trainmem::detail::check(labels.values[i] < classes, "IDX file ", labels_path.string(), ": label ",
-                            int{labels.values[i]}, " at index ", i, " is outside [0, ", classes, ")");
+    trainmem::require(labels.values[i] < classes, "IDX file ", labels_path.string(), ": label ", int{labels.values[i]},
+                      " at index ", i, " is outside [0, ", classes, ")");
   ImageSet set;
   set.count = images.dims[0];
   set.rows = images.dims[1];
@@ -223,10 +218,9 @@ inline FashionMnist load_fashion_mnist(const std::filesystem::path& dir = kFashi
   FashionMnist data;
   const auto load = [&](const char* images, const char* labels, std::int64_t expected_count) {
     ImageSet set = read_image_set(dir / images, dir / labels, FashionMnist::kClasses);
-    trainmem::detail::check(
-        set.count == expected_count && set.rows == FashionMnist::kSide && set.cols == FashionMnist::kSide, "IDX file ",
-        (dir / images).string(), ": holds ", set.count, " images of ", set.rows, "x", set.cols, ", Fashion-MNIST has ",
-        expected_count, " of 28x28");
+    trainmem::require(set.count == expected_count && set.rows == FashionMnist::kSide && set.cols == FashionMnist::kSide,
+                      "IDX file ", (dir / images).string(), ": holds ", set.count, " images of ", set.rows, "x",
+                      set.cols, ", Fashion-MNIST has ", expected_count, " of 28x28");
     return set;
   };
   data.train = load("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz", 60000);

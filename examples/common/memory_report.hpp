@@ -1,7 +1,7 @@
 // examples/common/memory_report.hpp — what one training step costs in memory, by category.
 //
-// `measure_step` opens a new peak window on a backend's MemoryStats (reset_peak), runs
-// one step, and reads the peak of every category: the numbers a memory saving is
+// `measure_step` opens a peak window on a backend's MemoryStats (trainmem::PeakWindow),
+// runs one step, and reads the peak of every category: the numbers a memory saving is
 // judged by. With the timeline on it also keeps every allocation, free and re-tag of
 // the step, and `write_memory_svg` draws it as stacked areas per category, with the
 // step's phases (forward, backward, optimizer) as marks. The SVG is plain text; no
@@ -29,8 +29,7 @@ using trainmem::MemoryStats;
 
 /// \brief Peak bytes per category over one step, and (optionally) its timeline.
 struct StepMemory {
-  std::array<std::int64_t, kMemCategoryCount> peak{};
-  std::int64_t peak_total = 0;
+  trainmem::PeakBytes peak;
   std::array<std::int64_t, kMemCategoryCount> live_at_start{};  // where the timeline starts
   std::vector<MemoryStats::TimelineEntry> timeline;
 };
@@ -42,11 +41,12 @@ StepMemory measure_step(MemoryStats& stats, Step&& step, bool record_timeline) {
   for (std::size_t c = 0; c < kMemCategoryCount; ++c) m.live_at_start[c] = stats.live(static_cast<MemCategory>(c));
   stats.clear_timeline();
   stats.record_timeline(record_timeline);
-  stats.reset_peak();
-  step();
+  {
+    const trainmem::PeakWindow window(stats);
+    step();
+    m.peak = window.peaks();
+  }
   stats.record_timeline(false);
-  for (std::size_t c = 0; c < kMemCategoryCount; ++c) m.peak[c] = stats.peak(static_cast<MemCategory>(c));
-  m.peak_total = stats.peak_total();
   if (record_timeline) m.timeline = stats.timeline();
   stats.clear_timeline();
   return m;
@@ -73,18 +73,17 @@ inline void print_memory_table(const StepMemory& chosen, const std::string& chos
   };
   std::printf("%-18s %22s %22s %8s\n", "peak bytes", chosen_name.c_str(), plain_name.c_str(), "ratio");
   for (std::size_t c = 0; c < kMemCategoryCount; ++c) {
-    if (chosen.peak[c] == 0 && plain.peak[c] == 0) continue;
+    if (chosen.peak.by_category[c] == 0 && plain.peak.by_category[c] == 0) continue;
     const auto name = trainmem::name_of(static_cast<MemCategory>(c));
     std::printf("%-18.*s %22s %22s %8s\n", static_cast<int>(name.size()), name.data(),
-                format_bytes(static_cast<double>(chosen.peak[c])).c_str(),
-                format_bytes(static_cast<double>(plain.peak[c])).c_str(), ratio(chosen.peak[c], plain.peak[c]).c_str());
+                format_bytes(static_cast<double>(chosen.peak.by_category[c])).c_str(),
+                format_bytes(static_cast<double>(plain.peak.by_category[c])).c_str(),
+                ratio(chosen.peak.by_category[c], plain.peak.by_category[c]).c_str());
   }
-  std::printf("%-18s %22s %22s %8s\n", "total (at peak)", format_bytes(static_cast<double>(chosen.peak_total)).c_str(),
-              format_bytes(static_cast<double>(plain.peak_total)).c_str(),
-              ratio(chosen.peak_total, plain.peak_total).c_str());
+  std::printf("%-18s %22s %22s %8s\n", "total (at peak)", format_bytes(static_cast<double>(chosen.peak.total)).c_str(),
+              format_bytes(static_cast<double>(plain.peak.total)).c_str(),
+              ratio(chosen.peak.total, plain.peak.total).c_str());
 }
-
-namespace detail {
 
 inline std::string xml_escape(const std::string& text) {
   std::string out;
@@ -109,11 +108,9 @@ inline double nice_step(double top, int ticks) {
   return 10.0 * power;
 }
 
-}  // namespace detail
-
 /// Writes the step's timeline as an SVG of stacked live bytes per category.
 inline void write_memory_svg(const StepMemory& m, const std::filesystem::path& path, const std::string& title) {
-  trainmem::detail::check(!m.timeline.empty(), "write_memory_svg: the step has no timeline (was it recorded?)");
+  trainmem::require(!m.timeline.empty(), "write_memory_svg: the step has no timeline (was it recorded?)");
   // Stacking order: long-lived state at the bottom, what a step creates on top.
   const std::array<MemCategory, kMemCategoryCount> order = {
       MemCategory::Parameter,       MemCategory::MasterWeight, MemCategory::OptimizerState, MemCategory::Gradient,
@@ -150,20 +147,20 @@ inline void write_memory_svg(const StepMemory& m, const std::filesystem::path& p
   constexpr double kWidth = 960, kHeight = 520, kLeft = 90, kRight = 190, kTop = 50, kBottom = 60;
   const double plot_w = kWidth - kLeft - kRight, plot_h = kHeight - kTop - kBottom;
   const double mib = 1024.0 * 1024.0;
-  const double step_mib = detail::nice_step(top / mib, 5);
+  const double step_mib = nice_step(top / mib, 5);
   const double y_max = std::ceil(top / mib / step_mib) * step_mib * mib;
   const double n = static_cast<double>(std::max<std::size_t>(1, live.size() - 1));
   const auto x_of = [&](double i) { return kLeft + plot_w * i / n; };
   const auto y_of = [&](double bytes) { return kTop + plot_h * (1.0 - bytes / y_max); };
 
   std::ofstream out(path);
-  trainmem::detail::check(out.good(), "write_memory_svg: cannot write ", path.string());
+  trainmem::require(out.good(), "write_memory_svg: cannot write ", path.string());
   char buf[256];
   out << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << kWidth << "\" height=\"" << kHeight
       << "\" font-family=\"sans-serif\" font-size=\"12\">\n";
   out << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
-  out << "<text x=\"" << kWidth / 2 << "\" y=\"24\" text-anchor=\"middle\" font-size=\"15\">"
-      << detail::xml_escape(title) << "</text>\n";
+  out << "<text x=\"" << kWidth / 2 << "\" y=\"24\" text-anchor=\"middle\" font-size=\"15\">" << xml_escape(title)
+      << "</text>\n";
 
   // Stacked areas as step functions: each event changes the value at its index.
   std::vector<double> below(live.size(), 0.0);
@@ -217,7 +214,7 @@ inline void write_memory_svg(const StepMemory& m, const std::filesystem::path& p
     previous_x = x;
     out << "<line x1=\"" << x << "\" y1=\"" << kTop << "\" x2=\"" << x << "\" y2=\"" << kTop + plot_h
         << "\" stroke=\"#222\" stroke-dasharray=\"4,3\"/>\n<text x=\"" << x + 3 << "\" y=\"" << label_y
-        << "\" font-size=\"11\">" << detail::xml_escape(label) << "</text>\n";
+        << "\" font-size=\"11\">" << xml_escape(label) << "</text>\n";
   }
 
   // Legend with each category's peak over the step.
@@ -229,13 +226,14 @@ inline void write_memory_svg(const StepMemory& m, const std::filesystem::path& p
     out << "<rect x=\"" << kLeft + plot_w + 16 << "\" y=\"" << legend_y - 10 << "\" width=\"12\" height=\"12\" fill=\""
         << colour[c] << "\"/>\n<text x=\"" << kLeft + plot_w + 34 << "\" y=\"" << legend_y << "\">" << std::string(name)
         << "</text>\n<text x=\"" << kLeft + plot_w + 34 << "\" y=\"" << legend_y + 14
-        << "\" font-size=\"10\" fill=\"#555\">peak " << format_bytes(static_cast<double>(m.peak[c])) << "</text>\n";
+        << "\" font-size=\"10\" fill=\"#555\">peak " << format_bytes(static_cast<double>(m.peak.by_category[c]))
+        << "</text>\n";
     legend_y += 36;
   }
   out << "<text x=\"" << kLeft + plot_w + 16 << "\" y=\"" << legend_y + 4 << "\" font-size=\"11\">total peak "
-      << format_bytes(static_cast<double>(m.peak_total)) << "</text>\n";
+      << format_bytes(static_cast<double>(m.peak.total)) << "</text>\n";
   out << "</svg>\n";
-  trainmem::detail::check(out.good(), "write_memory_svg: writing ", path.string(), " failed");
+  trainmem::require(out.good(), "write_memory_svg: writing ", path.string(), " failed");
 }
 
 }  // namespace examples

@@ -66,13 +66,13 @@ inline Precision parse_precision(std::string_view text) {
   if (text == "fp32") return Precision::Fp32;
   if (text == "bf16") return Precision::Bf16;
   if (text == "fp16") return Precision::Fp16;
-  throw trainmem::Error(trainmem::detail::concat("--precision: '", text, "' is not one of fp32, bf16, fp16"));
+  throw trainmem::Error("--precision: '" + std::string(text) + "' is not one of fp32, bf16, fp16");
 }
 
 inline Device parse_device(std::string_view text) {
   if (text == "cpu") return Device::Cpu;
   if (text == "cuda") return Device::Cuda;
-  throw trainmem::Error(trainmem::detail::concat("--device: '", text, "' is not one of cpu, cuda"));
+  throw trainmem::Error("--device: '" + std::string(text) + "' is not one of cpu, cuda");
 }
 
 /// "none", "sqrt", "selective", "every:K" with K a positive integer, or "plan:F" with F
@@ -98,8 +98,8 @@ inline CheckpointSchedule parse_checkpoint(std::string_view text) {
     } catch (const std::exception&) {
       used = 0;
     }
-    trainmem::detail::check(!digits.empty() && used == digits.size() && f > 0.0 && f <= 1.0, "--checkpoint: '", text,
-                            "' needs a fraction in (0, 1] of the plain FP32 step's peak after 'plan:', e.g. plan:0.5");
+    trainmem::require(!digits.empty() && used == digits.size() && f > 0.0 && f <= 1.0, "--checkpoint: '", text,
+                      "' needs a fraction in (0, 1] of the plain FP32 step's peak after 'plan:', e.g. plan:0.5");
     CheckpointSchedule s = of(Kind::Plan);
     s.plan_fraction = f;
     return s;
@@ -114,12 +114,12 @@ inline CheckpointSchedule parse_checkpoint(std::string_view text) {
     } catch (const std::exception&) {
       used = 0;
     }
-    trainmem::detail::check(!digits.empty() && used == digits.size() && k > 0, "--checkpoint: '", text,
-                            "' needs a positive whole number of stages after 'every:', e.g. every:2");
+    trainmem::require(!digits.empty() && used == digits.size() && k > 0, "--checkpoint: '", text,
+                      "' needs a positive whole number of stages after 'every:', e.g. every:2");
     return of(Kind::Every, static_cast<std::int64_t>(k));
   }
-  throw trainmem::Error(
-      trainmem::detail::concat("--checkpoint: '", text, "' is not one of none, sqrt, every:K, selective, plan:F"));
+  throw trainmem::Error("--checkpoint: '" + std::string(text) +
+                        "' is not one of none, sqrt, every:K, selective, plan:F");
 }
 
 /// \brief Precision, checkpoint schedule and device of one training run.
@@ -140,10 +140,10 @@ struct MemorySettings {
 /// wired in; the CUDA backend is not (the CUDA programs are under benchmarks/), so
 /// --device cuda is refused, not ignored.
 inline void require_available(const MemorySettings& s) {
-  trainmem::detail::check(s.checkpoint.kind != CheckpointSchedule::Kind::Every || s.checkpoint.every >= 1,
-                          "--checkpoint every:K needs K >= 1, got ", s.checkpoint.every);
-  trainmem::detail::check(s.device == Device::Cpu, "--device ", name_of(s.device),
-                          ": this example runs on the CPU backend only so far; use --device cpu");
+  trainmem::require(s.checkpoint.kind != CheckpointSchedule::Kind::Every || s.checkpoint.every >= 1,
+                    "--checkpoint every:K needs K >= 1, got ", s.checkpoint.every);
+  trainmem::require(s.device == Device::Cpu, "--device ", name_of(s.device),
+                    ": this example runs on the CPU backend only so far; use --device cpu");
 }
 
 }  // namespace examples

@@ -6,17 +6,18 @@
 //  - `run_stages` runs the stages under a checkpoint schedule (which activations are
 //    kept and which are recomputed in backward; a planned schedule runs the planner's
 //    segments through a ChainRunner);
-//  - `PrecisionRunner` wraps the forward (autocast) and the backward plus optimizer
-//    step (loss scaling, FP32 master weights).
-// `train_step` marks the phases of a step (forward, backward, optimizer) on the
-// backend's MemoryStats, so a recorded timeline shows where the bytes go.
+//  - the library's `amp::TrainStep` wraps the forward (autocast) and the backward plus
+//    optimizer step (loss scaling, FP32 master weights); `dtype_of` gives it the
+//    precision an example was asked for. Models are created in FP32: under BF16 and FP16
+//    the helper turns their parameters into 16-bit copies of FP32 masters.
+// The helper marks the phases of a step (forward, backward, optimizer) on the backend's
+// MemoryStats and `train_step` the end, so a recorded timeline shows where the bytes go.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <functional>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -51,127 +52,60 @@ trainmem::Var<B> run_stages(const std::vector<Stage<B>>& stages, trainmem::Var<B
       return x;
     }
     case CheckpointSchedule::Kind::Plan:  // the planner's segments, through ordinary regions
-      tmem::detail::check(!schedule.plan.empty(), "run_stages: checkpoint ", name_of(schedule),
-                          " has not been planned");
+      tmem::require(!schedule.plan.empty(), "run_stages: checkpoint ", name_of(schedule), " has not been planned");
       return tmem::ChainRunner<B>(stages, schedule.plan)(x);
   }
   return x;
 }
 
-/// \brief What a step did: its loss and whether the optimizer stepped.
-struct StepOutcome {
-  double loss = 0.0;
-  bool stepped = true;
-};
+/// The dtype a model trains in under `precision`.
+inline trainmem::DType dtype_of(Precision precision) {
+  switch (precision) {
+    case Precision::Fp32: return trainmem::DType::F32;
+    case Precision::Bf16: return trainmem::DType::BF16;
+    case Precision::Fp16: return trainmem::DType::F16;
+  }
+  return trainmem::DType::F32;
+}
 
-/// \brief The precision a model trains in: the one place autocast, loss scaling and
-/// FP32 master weights plug in.
+/// What the progress line shows about precision: the loss scale and skipped steps under FP16.
 template <class B>
-class PrecisionRunner {
- public:
-  /// FP32 trains as is. BF16 and FP16 turn the optimizer's parameters into 16-bit model
-  /// copies with FP32 masters the optimizer updates; FP16 also scales the loss dynamically.
-  PrecisionRunner(Precision precision, trainmem::optim::Optimizer<B>& optimizer)
-      : precision_(precision), optimizer_(&optimizer), scaler_(scaler_for(precision)) {
-    if (precision == Precision::Fp32) return;
-    std::vector<trainmem::Var<B>> params;
-    for (const auto& entry : optimizer.entries()) params.push_back(entry.param);
-    masters_.emplace(params, trainmem::amp::MasterWeightsOptions{compute_dtype()});
-    masters_->attach(optimizer);
-  }
-
-  /// The dtype model parameters are created in (mixed precision converts them after).
-  static trainmem::DType parameter_dtype(Precision) { return trainmem::DType::F32; }
-
-  /// Runs `forward` (which returns the loss) in this precision.
-  template <class Forward>
-  trainmem::Var<B> forward(Forward&& forward) {
-    if (precision_ == Precision::Fp32) return std::forward<Forward>(forward)();
-    trainmem::amp::Autocast autocast(compute_dtype());
-    return std::forward<Forward>(forward)();
-  }
-
-  /// Backward from `loss` (scaled under FP16), then one optimizer step (skipped on an
-  /// overflow) and zeroed gradients. Returns whether the optimizer stepped.
-  bool backward_and_step(const trainmem::Var<B>& loss, trainmem::MemoryStats& stats) {
-    backward(loss);
-    return step(stats);
-  }
-  /// Backward from `loss` (scaled under FP16).
-  void backward(const trainmem::Var<B>& loss) { scaler_.scale(loss).backward(); }
-  /// The optimizer step after backward (skipped on an overflow), then zeroed gradients.
-  bool step(trainmem::MemoryStats& stats) {
-    stats.mark("optimizer");
-    const bool stepped = scaler_.step(*optimizer_);
-    scaler_.update();
-    optimizer_->zero_grad();
-    if (!stepped) ++skipped_;
-    return stepped;
-  }
-
-  /// What the progress line shows about precision: the loss scale and skipped steps under FP16.
-  std::string status() const {
-    if (precision_ != Precision::Fp16) return {};
-    return "scale " + std::to_string(static_cast<long long>(scaler_.get_scale())) + ", skipped " +
-           std::to_string(skipped_);
-  }
-
- private:
-  trainmem::DType compute_dtype() const {
-    return precision_ == Precision::Fp16 ? trainmem::DType::F16 : trainmem::DType::BF16;
-  }
-  static trainmem::amp::GradScaler<B> scaler_for(Precision precision) {
-    trainmem::amp::GradScalerOptions options;
-    options.enabled = precision == Precision::Fp16;  // BF16 has FP32's range: no scaling
-    return trainmem::amp::GradScaler<B>(options);
-  }
-
-  Precision precision_;
-  trainmem::optim::Optimizer<B>* optimizer_;
-  trainmem::amp::GradScaler<B> scaler_;
-  std::optional<trainmem::amp::MasterWeights<B>> masters_;
-  std::int64_t skipped_ = 0;
-};
+std::string precision_status(const trainmem::amp::TrainStep<B>& step) {
+  if (!step.scaler().is_enabled()) return {};
+  return "scale " + std::to_string(static_cast<long long>(step.scale())) + ", skipped " +
+         std::to_string(step.skipped_steps());
+}
 
 /// One training step: the model's input, its stages, `loss_of(output)`, backward, optimizer step.
 /// A Model has `Var<B> embed(Tape<B>&, const Tensor<B>& input) const` (the input as the
 /// first stage sees it) and `std::vector<Stage<B>> stages(bool training) const`.
 template <class B, class Model, class LossOf>
-StepOutcome train_step(trainmem::Tape<B>& tape, const Model& model, const std::vector<Stage<B>>& stages,
-                       const trainmem::Tensor<B>& input, LossOf&& loss_of, const CheckpointSchedule& schedule,
-                       PrecisionRunner<B>& precision) {
-  trainmem::MemoryStats& stats = tape.backend().memory();
-  stats.mark("forward");
-  StepOutcome outcome;
-  {
-    trainmem::Var<B> loss =
-        precision.forward([&] { return loss_of(run_stages(stages, model.embed(tape, input), schedule)); });
-    outcome.loss = loss.value().template to_host<double>()[0];
-    stats.mark("backward");
-    outcome.stepped = precision.backward_and_step(loss, stats);
-  }
+trainmem::amp::StepReport<B> train_step(trainmem::Tape<B>& tape, const Model& model,
+                                        const std::vector<Stage<B>>& stages, const trainmem::Tensor<B>& input,
+                                        LossOf&& loss_of, const CheckpointSchedule& schedule,
+                                        trainmem::amp::TrainStep<B>& precision) {
+  const trainmem::amp::StepReport<B> report =
+      precision.run([&] { return loss_of(run_stages(stages, model.embed(tape, input), schedule)); });
   tape.clear();
-  stats.mark("end");
-  return outcome;
+  tape.backend().memory().mark("end");
+  return report;
 }
 
 /// train_step with the stages run by `run` (a planner's profiling or planned runner).
 template <class B, class Model, class LossOf>
-StepOutcome train_step(trainmem::Tape<B>& tape, const Model& model, const trainmem::Tensor<B>& input, LossOf&& loss_of,
-                       const trainmem::ChainRunner<B>& run, PrecisionRunner<B>& precision) {
-  trainmem::MemoryStats& stats = tape.backend().memory();
-  stats.mark("forward");
-  StepOutcome outcome;
+trainmem::amp::StepReport<B> train_step(trainmem::Tape<B>& tape, const Model& model, const trainmem::Tensor<B>& input,
+                                        LossOf&& loss_of, const trainmem::ChainRunner<B>& run,
+                                        trainmem::amp::TrainStep<B>& precision) {
+  trainmem::amp::StepReport<B> report;
   {
-    trainmem::Var<B> loss = precision.forward([&] { return loss_of(run(model.embed(tape, input))); });
-    outcome.loss = loss.value().template to_host<double>()[0];
-    stats.mark("backward");
+    const trainmem::Var<B> loss = precision.forward([&] { return loss_of(run(model.embed(tape, input))); });
+    report.loss = loss.value();
     run.backward_with([&] { precision.backward(loss); });
-    outcome.stepped = precision.step(stats);
+    report.stepped = precision.update();
   }
   tape.clear();
-  stats.mark("end");
-  return outcome;
+  tape.backend().memory().mark("end");
+  return report;
 }
 
 /// Evaluation: forward only, nothing recorded; `stages` should be built with training = false.

@@ -128,9 +128,10 @@ tmem::Tensor<B> labels_tensor(const std::vector<std::int32_t>& labels) {
   return t;
 }
 
+/// A fresh model in FP32 (under BF16 or FP16, amp::TrainStep narrows its parameters).
 template <class Model>
-Model make_model(const Options& o, const MemorySettings& settings) {
-  const tmem::DType dtype = examples::PrecisionRunner<B>::parameter_dtype(settings.precision);
+Model make_model(const Options& o) {
+  const tmem::DType dtype = tmem::DType::F32;
   if constexpr (std::is_same_v<Model, examples::MlpClassifier<B>>) {
     return Model(o.mlp_hidden, o.seed, dtype);
   } else if constexpr (std::is_same_v<Model, examples::ResMlpClassifier<B>>) {
@@ -164,11 +165,11 @@ double test_accuracy(tmem::Tape<B>& tape, const Model& model, const Dataset& set
 
 /// One training step on n gathered images: cross-entropy of the model's logits.
 template <class Model>
-examples::StepOutcome classifier_step(tmem::Tape<B>& tape, const Model& model,
-                                      const std::vector<examples::Stage<B>>& stages, const std::vector<float>& images,
-                                      const std::vector<std::int32_t>& labels,
-                                      const examples::CheckpointSchedule& checkpoint,
-                                      examples::PrecisionRunner<B>& precision) {
+tmem::amp::StepReport<B> classifier_step(tmem::Tape<B>& tape, const Model& model,
+                                         const std::vector<examples::Stage<B>>& stages,
+                                         const std::vector<float>& images, const std::vector<std::int32_t>& labels,
+                                         const examples::CheckpointSchedule& checkpoint,
+                                         tmem::amp::TrainStep<B>& precision) {
   const auto n = static_cast<std::int64_t>(labels.size());
   const tmem::Tensor<B> targets = labels_tensor(labels);
   return examples::train_step(
@@ -176,7 +177,6 @@ examples::StepOutcome classifier_step(tmem::Tape<B>& tape, const Model& model,
       [&](const tmem::Var<B>& logits) { return tmem::cross_entropy(logits, targets); }, checkpoint, precision);
 }
 
-/// Peak bytes of one steady training step of a fresh model under `settings`.
 /// The first o.batch training examples: the batch a memory measurement or a profile steps on.
 void first_batch(const Options& o, const Dataset& train, std::vector<float>& images,
                  std::vector<std::int32_t>& labels) {
@@ -185,12 +185,13 @@ void first_batch(const Options& o, const Dataset& train, std::vector<float>& ima
   train.gather(first.data(), static_cast<std::int64_t>(first.size()), images, labels);
 }
 
+/// Peak bytes of one steady training step of a fresh model under `settings`.
 template <class Model>
 examples::StepMemory measure_memory(const Options& o, const MemorySettings& settings, const Dataset& train,
                                     bool record_timeline) {
-  Model model = make_model<Model>(o, settings);
+  Model model = make_model<Model>(o);
   tmem::optim::AdamW<B> optimizer(model.parameters(), {.lr = o.lr, .weight_decay = o.weight_decay});
-  examples::PrecisionRunner<B> precision(settings.precision, optimizer);
+  tmem::amp::TrainStep<B> precision(optimizer, {.precision = examples::dtype_of(settings.precision)});
   tmem::Tape<B> tape;
   std::vector<float> images;
   std::vector<std::int32_t> labels;
@@ -204,9 +205,9 @@ examples::StepMemory measure_memory(const Options& o, const MemorySettings& sett
 /// steps are real training steps, so they do not touch the model that is trained).
 template <class Model>
 std::vector<tmem::Segment> plan_schedule(const Options& o, const Dataset& train, std::int64_t budget) {
-  Model model = make_model<Model>(o, o.settings);
+  Model model = make_model<Model>(o);
   tmem::optim::AdamW<B> optimizer(model.parameters(), {.lr = o.lr, .weight_decay = o.weight_decay});
-  examples::PrecisionRunner<B> precision(o.settings.precision, optimizer);
+  tmem::amp::TrainStep<B> precision(optimizer, {.precision = examples::dtype_of(o.settings.precision)});
   tmem::Tape<B> tape;
   std::vector<float> images;
   std::vector<std::int32_t> labels;
@@ -263,19 +264,19 @@ int run(Options o, examples::FashionMnist data) {
   const examples::StepMemory plain_memory = measure_memory<Model>(o, plain, train, false);
   if (o.settings.checkpoint.kind == examples::CheckpointSchedule::Kind::Plan) {
     const auto budget =
-        static_cast<std::int64_t>(o.settings.checkpoint.plan_fraction * static_cast<double>(plain_memory.peak_total));
+        static_cast<std::int64_t>(o.settings.checkpoint.plan_fraction * static_cast<double>(plain_memory.peak.total));
     std::printf("planning for a whole-step budget of %s (%g x the plain F32 step's %s):\n",
                 examples::format_bytes(static_cast<double>(budget)).c_str(), o.settings.checkpoint.plan_fraction,
-                examples::format_bytes(static_cast<double>(plain_memory.peak_total)).c_str());
+                examples::format_bytes(static_cast<double>(plain_memory.peak.total)).c_str());
     o.settings.checkpoint.plan = plan_schedule<Model>(o, train, budget);
   }
   const examples::StepMemory chosen_memory = measure_memory<Model>(o, o.settings, train, true);
 
-  Model model = make_model<Model>(o, o.settings);
+  Model model = make_model<Model>(o);
   std::int64_t parameter_count = 0;
   for (const auto& p : model.parameters()) parameter_count += p.numel();
   tmem::optim::AdamW<B> optimizer(model.parameters(), {.lr = o.lr, .weight_decay = o.weight_decay});
-  examples::PrecisionRunner<B> precision(o.settings.precision, optimizer);
+  tmem::amp::TrainStep<B> precision(optimizer, {.precision = examples::dtype_of(o.settings.precision)});
   tmem::Tape<B> tape;
   tape.manual_seed(o.seed);
 
@@ -313,10 +314,10 @@ int run(Options o, examples::FashionMnist data) {
       const std::int64_t begin = step * o.batch, n = std::min(o.batch, train.size() - begin);
       train.gather(order.data() + begin, n, images, labels, o.augment == "flip" ? &shuffle_rng : nullptr);
       optimizer.options().lr = examples::learning_rate(o.lr, (epoch - 1) * steps_per_epoch + step, total_steps);
-      const examples::StepOutcome outcome =
+      const tmem::amp::StepReport<B> report =
           classifier_step(tape, model, stages, images, labels, o.settings.checkpoint, precision);
-      skipped += outcome.stepped ? 0 : 1;
-      progress.update(step + 1, n, outcome.loss, precision.status());
+      skipped += report.stepped ? 0 : 1;
+      progress.update(step + 1, n, report.loss_value(), examples::precision_status(precision));
     }
     const double epoch_train_seconds = std::chrono::duration<double>(Clock::now() - epoch_start).count();
     const double examples_per_second = progress.examples_per_second();
@@ -357,11 +358,11 @@ int run(Options o, examples::FashionMnist data) {
   nlohmann::json memory_json;
   for (std::size_t c = 0; c < examples::kMemCategoryCount; ++c) {
     const std::string name(tmem::name_of(static_cast<tmem::MemCategory>(c)));
-    memory_json["chosen"][name] = chosen_memory.peak[c];
-    memory_json["plain"][name] = plain_memory.peak[c];
+    memory_json["chosen"][name] = chosen_memory.peak.by_category[c];
+    memory_json["plain"][name] = plain_memory.peak.by_category[c];
   }
-  memory_json["chosen"]["total"] = chosen_memory.peak_total;
-  memory_json["plain"]["total"] = plain_memory.peak_total;
+  memory_json["chosen"]["total"] = chosen_memory.peak.total;
+  memory_json["plain"]["total"] = plain_memory.peak.total;
   const nlohmann::json results = {{"model", model.describe()},
                                   {"parameters", parameter_count},
                                   {"precision", examples::name_of(o.settings.precision)},

@@ -2,7 +2,9 @@
 //
 // Public entry points validate, then call the implementation. A failed check throws
 // trainmem::Error whose message names the op, the shapes involved and what was
-// expected. Library code never prints and never exits.
+// expected. Library code never prints and never exits. `require` is that check for
+// code built on the library (examples, benchmarks, a user's loop), so their errors
+// read and are caught like the library's own.
 #pragma once
 
 #include <sstream>
@@ -41,4 +43,12 @@ void check(bool ok, Parts&&... parts) {
 }
 
 }  // namespace detail
+
+/// Throws trainmem::Error with the concatenated `parts` as its message when `ok` is
+/// false; the parts are only formatted on failure.
+template <class... Parts>
+void require(bool ok, Parts&&... parts) {
+  detail::check<Error>(ok, std::forward<Parts>(parts)...);
+}
+
 }  // namespace trainmem

@@ -12,6 +12,7 @@
 #include "trainmem/core/tensor.hpp"
 
 #include "trainmem/backend/cpu/backend.hpp"
+#include "trainmem/backend/cpu/gemm_path.hpp"
 #include "trainmem/backend/cpu/threads.hpp"
 
 #include "trainmem/autograd/grad_mode.hpp"
@@ -35,6 +36,7 @@
 #include "trainmem/amp/cast_cache.hpp"
 #include "trainmem/amp/grad_scaler.hpp"
 #include "trainmem/amp/master_weights.hpp"
+#include "trainmem/amp/train_step.hpp"
 
 #include "trainmem/nn/attention.hpp"
 #include "trainmem/nn/embedding.hpp"

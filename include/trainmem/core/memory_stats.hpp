@@ -6,9 +6,15 @@
 // allocated as a temporary and then kept for backward: packing it re-tags its bytes,
 // so "saved activation" counts exactly what the tape holds on to.
 //
+// A peak window is "the most bytes live since a mark": `PeakWindow` opens one for a
+// scope (a training step) and nests, because closing it folds its peaks back into the
+// window around it, so an outer measurement still sees the inner one's high point.
+//
 // Thread safety: every method may be called from several threads at once (a backend
 // shared by threads that each train their own model): counters change under one
 // mutex. timeline() hands out a reference, so read it while no thread allocates.
+// Peak windows on one MemoryStats must close in the order they opened (one thread's
+// nested scopes); windows of several threads at once would mix their peaks.
 #pragma once
 
 #include <array>
@@ -40,6 +46,22 @@ constexpr std::string_view name_of(MemCategory category) {
       "saved_activation", "temporary", "workspace",     "host_offload"};
   return names[static_cast<std::size_t>(category)];
 }
+
+/// \brief Peak bytes per category and in total, as read from one peak window.
+struct PeakBytes {
+  std::array<std::int64_t, kMemCategoryCount> by_category{};
+  std::int64_t total = 0;
+
+  std::int64_t operator[](MemCategory c) const { return by_category[static_cast<std::size_t>(c)]; }
+  /// Keeps the larger of each figure: the peaks over this window and `other`.
+  PeakBytes& merge(const PeakBytes& other) {
+    for (std::size_t c = 0; c < kMemCategoryCount; ++c)
+      if (other.by_category[c] > by_category[c]) by_category[c] = other.by_category[c];
+    if (other.total > total) total = other.total;
+    return *this;
+  }
+  bool operator==(const PeakBytes&) const = default;
+};
 
 /// \brief Live and peak bytes per category, with an optional timeline.
 class MemoryStats {
@@ -82,12 +104,14 @@ class MemoryStats {
     return locked([&] { return allocations_; });
   }
 
-  /// Starts a new peak window: every peak becomes the current live value.
-  void reset_peak() {
-    std::lock_guard lock(mutex_);
-    peak_ = live_;
-    peak_total_ = live_total_;
+  /// Every peak of the current window, read at one instant.
+  PeakBytes peaks() const {
+    return locked([&] { return PeakBytes{peak_, peak_total_}; });
   }
+
+  /// Starts a new peak window: every peak becomes the current live value (what came
+  /// before is forgotten; PeakWindow keeps it).
+  void reset_peak() { (void)open_window(); }
 
   void record_timeline(bool on) {
     std::lock_guard lock(mutex_);
@@ -108,7 +132,26 @@ class MemoryStats {
   }
 
  private:
+  friend class PeakWindow;
+
   static std::size_t index(MemCategory c) { return static_cast<std::size_t>(c); }
+
+  /// Starts a window and returns the peaks of the one it interrupts.
+  PeakBytes open_window() {
+    std::lock_guard lock(mutex_);
+    PeakBytes outer{peak_, peak_total_};
+    peak_ = live_;
+    peak_total_ = live_total_;
+    return outer;
+  }
+  /// Ends a window: the interrupted one's peaks become the larger of both.
+  void close_window(const PeakBytes& outer) {
+    std::lock_guard lock(mutex_);
+    PeakBytes merged{peak_, peak_total_};
+    merged.merge(outer);
+    peak_ = merged.by_category;
+    peak_total_ = merged.total;
+  }
 
   template <class F>
   auto locked(F&& read) const -> decltype(read()) {
@@ -135,6 +178,25 @@ class MemoryStats {
   bool recording_ = false;
   std::vector<TimelineEntry> timeline_;
   mutable std::mutex mutex_;
+};
+
+/// \brief RAII: the peak bytes of a scope, e.g. one training step.
+///
+/// Opens a window on `stats` (peaks restart from the live bytes) and, when it ends,
+/// folds its peaks back into the window it interrupted, so windows nest.
+class PeakWindow {
+ public:
+  explicit PeakWindow(MemoryStats& stats) : stats_(&stats), outer_(stats.open_window()) {}
+  ~PeakWindow() { stats_->close_window(outer_); }
+  PeakWindow(const PeakWindow&) = delete;
+  PeakWindow& operator=(const PeakWindow&) = delete;
+
+  /// The peaks since this window opened (inner windows included).
+  PeakBytes peaks() const { return stats_->peaks(); }
+
+ private:
+  MemoryStats* stats_;
+  PeakBytes outer_;
 };
 
 /// Bytes for a person: "12.34 MiB", "456.0 KiB", "789 B".

@@ -1,0 +1,138 @@
+// trainmem/amp/train_step.hpp — one training step in a chosen precision: autocast
+// forward, scaled backward, then unscale, skip or step.
+//
+// What a precision changes in a step is decided here once, from its dtype:
+//   f32   the forward runs as written, plain backward, optimizer step;
+//   bf16  the forward runs under Autocast(bf16); with master weights (the default) the
+//         optimizer's parameters become bf16 model copies of f32 masters that the
+//         optimizer updates. No loss scaling: bf16 has f32's exponent range;
+//   f16   as bf16, plus a GradScaler: backward runs from the scaled loss, a step whose
+//         gradients hold an inf or NaN is skipped, and the scale backs off or grows.
+// Without master weights the parameters stay f32 and only the forward is autocast.
+//
+// Host syncs: none of its own beyond what the scaler needs to say whether it stepped
+// (f16: one read of the found-inf flag in GradScaler::step). The loss stays a device
+// scalar until someone asks for it (StepReport::loss_value), the scale likewise.
+//
+//   amp::TrainStep<B> train(optimizer, {.precision = DType::F16});
+//   amp::StepReport<B> report = train.run([&] { return cross_entropy(model(x), y); });
+// or, to do something between the phases (read gradients, wrap the backward):
+//   Var<B> loss = train.forward([&] { ... });
+//   train.backward(loss);
+//   bool stepped = train.update();
+// Each phase marks itself on the backend's MemoryStats ("forward", "backward",
+// "optimizer"), so a recorded timeline shows where a step's bytes go.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "trainmem/amp/autocast.hpp"
+#include "trainmem/amp/grad_scaler.hpp"
+#include "trainmem/amp/master_weights.hpp"
+#include "trainmem/optim/optimizer.hpp"
+
+namespace trainmem::amp {
+
+/// \brief The precision a TrainStep trains in.
+struct TrainStepOptions {
+  DType precision = DType::F32;  // f32, bf16 or f16: the autocast dtype (f32: no autocast)
+  bool master_weights = true;    // bf16 / f16: 16-bit model parameters behind f32 masters
+  GradScalerOptions scaler{};    // used under f16 (and bf16 with scaler.scale_bf16)
+};
+
+/// \brief What one step did.
+template <class B>
+struct StepReport {
+  Tensor<B> loss;       // the unscaled loss, a scalar on the backend
+  bool stepped = true;  // false: the scaler found an inf or NaN gradient and skipped
+
+  /// The loss on the host (a device sync on a GPU).
+  double loss_value() const { return loss.template to_host<double>()[0]; }
+};
+
+/// \brief A training step's precision machinery around one optimizer.
+template <class B>
+class TrainStep {
+ public:
+  /// Sets up `optimizer`'s parameters for `options.precision`: under bf16 / f16 with
+  /// master weights they become 16-bit copies of f32 masters the optimizer updates.
+  /// Before the optimizer's first step.
+  explicit TrainStep(optim::Optimizer<B>& optimizer, TrainStepOptions options = {}, B& backend = B::default_instance())
+      : optimizer_(&optimizer),
+        options_(checked(options)),
+        backend_(&backend),
+        scaler_(options_.precision, options_.scaler, backend) {
+    if (!is_16bit(options_.precision) || !options_.master_weights) return;
+    std::vector<Var<B>> params;
+    for (const auto& entry : optimizer.entries()) params.push_back(entry.param);
+    masters_.emplace(std::move(params), MasterWeightsOptions{options_.precision});
+    masters_->attach(optimizer);
+  }
+
+  /// Runs `forward` (which returns the loss) under this precision's autocast.
+  template <class Forward>
+  Var<B> forward(Forward&& forward) {
+    backend_->memory().mark("forward");
+    if (!is_16bit(options_.precision)) return std::forward<Forward>(forward)();
+    Autocast autocast(options_.precision);
+    return std::forward<Forward>(forward)();
+  }
+
+  /// Backward from `loss`, scaled when the scaler is on.
+  void backward(const Var<B>& loss) {
+    backend_->memory().mark("backward");
+    scaler_.scale(loss).backward();
+  }
+
+  /// The optimizer step after backward (skipped when a gradient is inf or NaN), the
+  /// scale's update and zeroed gradients. Returns whether the optimizer stepped.
+  bool update() {
+    backend_->memory().mark("optimizer");
+    const bool stepped = scaler_.step(*optimizer_);
+    scaler_.update();
+    optimizer_->zero_grad();
+    if (!stepped) ++skipped_;
+    return stepped;
+  }
+
+  /// forward, backward and update: one whole step.
+  template <class Forward>
+  StepReport<B> run(Forward&& forward_pass) {
+    StepReport<B> report;
+    const Var<B> loss = forward(std::forward<Forward>(forward_pass));
+    report.loss = loss.value();
+    backward(loss);
+    report.stepped = update();
+    return report;
+  }
+
+  DType precision() const { return options_.precision; }
+  const TrainStepOptions& options() const { return options_; }
+  /// The current loss scale (a host read when scaling; 1 when not).
+  double scale() const { return scaler_.get_scale(); }
+  /// Steps the scaler skipped so far.
+  std::int64_t skipped_steps() const { return skipped_; }
+  GradScaler<B>& scaler() { return scaler_; }
+  const GradScaler<B>& scaler() const { return scaler_; }
+  /// The f32 masters (none under f32 or without master weights).
+  const std::optional<MasterWeights<B>>& master_weights() const { return masters_; }
+
+ private:
+  static TrainStepOptions checked(const TrainStepOptions& options) {
+    trainmem::detail::check(options.precision == DType::F32 || is_16bit(options.precision),
+                            "amp::TrainStep: the precision must be f32, bf16 or f16, got ", options.precision);
+    return options;
+  }
+
+  optim::Optimizer<B>* optimizer_;
+  TrainStepOptions options_;
+  B* backend_;
+  GradScaler<B> scaler_;
+  std::optional<MasterWeights<B>> masters_;
+  std::int64_t skipped_ = 0;
+};
+
+}  // namespace trainmem::amp

@@ -1,0 +1,31 @@
+// trainmem/backend/cpu/gemm_path.hpp — which CPU GEMM path runs, as a program can report it.
+//
+// The CPU backend sends a GEMM to oneDNN or to Eigen by a rule of ISA and shape
+// (NOTE [CPU GEMM path] in gemm.hpp). A benchmark or a log line says which path a
+// product took and what this build and CPU offer; these read the rule, they do not
+// change it (force_gemm_path() does).
+#pragma once
+
+#include "trainmem/backend/cpu/gemm.hpp"
+
+namespace trainmem::cpu {
+
+/// \brief What this build and this CPU offer the GEMM rule.
+struct OneDnnSupport {
+  bool built_in = false;     // trainmem was built with oneDNN
+  const char* isa = "none";  // oneDNN's effective instruction set on this CPU
+  bool amx = false;          // AMX tiles: 16-bit operands go to oneDNN
+};
+
+inline OneDnnSupport onednn_support() {
+  return {detail::kHaveOneDnn, detail::onednn_isa_name(), detail::onednn_has_amx()};
+}
+
+/// The path a GEMM of `g`'s shape with operands TA and result TC takes now:
+/// "onednn", "eigen" or "widen" (16-bit operands widened to f32 for Eigen).
+template <class TA, class TC = TA>
+const char* gemm_path_taken(const GemmArgs& g) {
+  return detail::gemm_path_name<TA, TC>(g);
+}
+
+}  // namespace trainmem::cpu
