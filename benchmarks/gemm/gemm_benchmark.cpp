@@ -167,7 +167,7 @@ std::vector<Row> bench_shape(const Shape3& s, int reps, int warmup, bool native_
   auto path_taken = [&](tmem::DType dtype, tmem::cpu::GemmPath path) {
     tmem::cpu::force_gemm_path(path);
     std::string name = tmem::visit_floating(
-        dtype, "gemm", [&]<class T>() { return std::string(tmem::cpu::detail::gemm_path_name<T, T>(args)); });
+        dtype, "gemm", [&]<class T>() { return std::string(tmem::cpu::kernels::gemm_path_name<T, T>(args)); });
     tmem::cpu::force_gemm_path(tmem::cpu::GemmPath::Auto);
     return name;
   };
@@ -400,7 +400,7 @@ int main(int argc, char** argv) {
   Eigen::setNbThreads(threads);
   if (check) {
     int failed = run_check(tmem::cpu::GemmPath::Eigen);
-    if (tmem::cpu::detail::kHaveOneDnn) failed |= run_check(tmem::cpu::GemmPath::OneDnn);
+    if (tmem::cpu::kernels::kHaveOneDnn) failed |= run_check(tmem::cpu::GemmPath::OneDnn);
     return failed;
   }
 
@@ -411,8 +411,8 @@ int main(int argc, char** argv) {
               threads, openmp_threads, Eigen::nbThreads(), reps);
   std::printf("err = max |C - C64| / (|A||B|) over %d sampled entries; tol = its bound for the accumulation used\n",
               samples);
-  std::printf("oneDNN: %s; effective ISA %s, AMX %s\n", tmem::cpu::detail::kHaveOneDnn ? "built in" : "not built in",
-              tmem::cpu::detail::onednn_isa_name(), tmem::cpu::detail::onednn_has_amx() ? "yes" : "no");
+  std::printf("oneDNN: %s; effective ISA %s, AMX %s\n", tmem::cpu::kernels::kHaveOneDnn ? "built in" : "not built in",
+              tmem::cpu::kernels::onednn_isa_name(), tmem::cpu::kernels::onednn_has_amx() ? "yes" : "no");
   std::mt19937_64 rng(2024);
   std::vector<Shape3> shapes = {{512, 512, 512}, {1024, 1024, 1024}, {8192, 768, 768}};
   if (no_large) shapes.pop_back();
