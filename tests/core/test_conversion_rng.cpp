@@ -227,8 +227,8 @@ TEST_CASE("BFloat16: every pattern widens exactly, NaN stays a quiet NaN", "[cor
 }
 
 TEST_CASE("Bulk widen/narrow give the scalar conversions' bits", "[core][convert]") {
-  using trainmem::cpu::detail::narrow_from_float;
-  using trainmem::cpu::detail::widen_to_float;
+  using trainmem::cpu::kernels::narrow_from_float;
+  using trainmem::cpu::kernels::widen_to_float;
   // Random floats of every magnitude class, plus the special values, in a length that
   // is not a multiple of the 8-wide vector path (so the scalar tail runs too).
   trainmem::testing::SplitMix64 rng(7);
@@ -290,7 +290,7 @@ TEST_CASE("Bulk widen/narrow give the scalar conversions' bits", "[core][convert
 TEST_CASE("Bulk half widening gives the scalar bits for signalling NaNs too", "[core][convert]") {
   const std::vector<Half> all = every_half_pattern();
   std::vector<float> wide(all.size());
-  trainmem::cpu::detail::widen_to_float(all.data(), wide.data(), all.size());
+  trainmem::cpu::kernels::widen_to_float(all.data(), wide.data(), all.size());
   int differ_nan_bits = 0;
   std::uint32_t first = 0;
   for (std::uint32_t p = 0; p <= 0xFFFF; ++p) {

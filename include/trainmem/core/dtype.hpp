@@ -109,6 +109,9 @@ constexpr DType dtype_of<std::int32_t>() {
 /// every i32), float for the floating types.
 template <class T>
 using AccumulatorOf = std::conditional_t<std::is_same_v<T, double> || std::is_integral_v<T>, double, float>;
+/// Accumulator type for a kernel touching several storage types: double if any is double.
+template <class... Ts>
+using AccumulatorFor = std::conditional_t<(std::is_same_v<Ts, double> || ...), double, float>;
 
 /// Calls `fn.template operator()<T>()` with T the storage type of `dtype`.
 template <class Fn>

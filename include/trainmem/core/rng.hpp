@@ -58,9 +58,14 @@ TRAINMEM_HOST_DEVICE std::uint32_t random_bits(RngState state, std::uint64_t ind
   return philox4x32_10(position >> 2, state.seed).v[position & 3u];
 }
 
+/// A 32-bit draw as a uniform float in [0, 1): its top 24 bits as a multiple of 2^-24.
+TRAINMEM_HOST_DEVICE float uniform_from_bits(std::uint32_t bits) {
+  return static_cast<float>(bits >> 8) * (1.0f / 16777216.0f);
+}
+
 /// Uniform float in [0, 1) with 24 random bits.
 TRAINMEM_HOST_DEVICE float random_uniform(RngState state, std::uint64_t index) {
-  return static_cast<float>(random_bits(state, index) >> 8) * (1.0f / 16777216.0f);
+  return uniform_from_bits(random_bits(state, index));
 }
 
 }  // namespace detail

@@ -6,6 +6,7 @@
 // checkpoint policies keep their outputs because they dominate recompute cost.
 #pragma once
 
+#include "trainmem/core/backend_contract.hpp"
 #include "trainmem/core/gemm_args.hpp"
 #include "trainmem/ops/op_helpers.hpp"
 
@@ -17,9 +18,9 @@ inline constexpr OpInfo kMatmulOp{"matmul", OpKind::Matmul, AutocastCategory::Lo
 inline constexpr OpInfo kBmmOp{"bmm", OpKind::Matmul, AutocastCategory::LowerPrecision};
 inline constexpr OpInfo kLinearOp{"linear", OpKind::Matmul, AutocastCategory::LowerPrecision};
 
-/// The arguments of c (+)= op(a) op(b) for [batch] stacks; a batch stride of 0 shares a matrix.
+/// The arguments of c = op(a) op(b) for [batch] stacks of contiguous matrices.
 inline GemmArgs gemm_args(bool trans_a, bool trans_b, std::int64_t batch, std::int64_t m, std::int64_t n,
-                          std::int64_t k, bool share_a = false, bool share_b = false, double beta = 0.0) {
+                          std::int64_t k) {
   GemmArgs args;
   args.batch = batch;
   args.m = m;
@@ -27,28 +28,18 @@ inline GemmArgs gemm_args(bool trans_a, bool trans_b, std::int64_t batch, std::i
   args.k = k;
   args.trans_a = trans_a;
   args.trans_b = trans_b;
-  args.stride_a = share_a ? 0 : m * k;
-  args.stride_b = share_b ? 0 : k * n;
+  args.stride_a = m * k;
+  args.stride_b = k * n;
   args.stride_c = m * n;
-  args.beta = beta;
   return args;
 }
 
-/// c (+)= op(a) op(b) for [batch] stacks; a batch stride of 0 shares a matrix.
+/// c = op(a) op(b) for [batch] stacks of contiguous matrices.
 template <class B>
 void gemm(const Tensor<B>& a, bool trans_a, const Tensor<B>& b, bool trans_b, const Tensor<B>& c, std::int64_t batch,
-          std::int64_t m, std::int64_t n, std::int64_t k, bool share_a = false, bool share_b = false,
-          double beta = 0.0) {
-  a.backend().gemm(gemm_args(trans_a, trans_b, batch, m, n, k, share_a, share_b, beta), a, b, c);
+          std::int64_t m, std::int64_t n, std::int64_t k) {
+  a.backend().gemm(gemm_args(trans_a, trans_b, batch, m, n, k), a, b, c);
 }
-
-/// A backend with a GEMM whose epilogue adds a bias in FP32 before C is rounded (both
-/// backends have one: cuBLASLt's epilogue, oneDNN's or the Eigen path's); linear() uses
-/// it, and on a backend without one adds the bias after the GEMM.
-template <class B>
-concept HasGemmBias = requires(B& backend, const GemmArgs& args, const Tensor<B>& t) {
-  backend.gemm_bias(args, t, t, t, t, false);
-};
 
 /// Shared forward/backward of C[batch] = op(A[batch]) op(B[batch]).
 template <class B>
@@ -150,7 +141,7 @@ Var<B> linear(const Var<B>& x, const Var<B>& weight, const Var<B>& bias = Var<B>
   SavedTensor<B> saved_w = need_x ? rec.save(tw) : SavedTensor<B>();
   auto out = rec.compute([&] {
     Tensor<B> y = new_tensor(rec.backend(), out_shape, dtype);
-    if constexpr (detail::HasGemmBias<B>) {
+    if constexpr (HasGemmBias<B>) {
       // The bias joins the FP32 accumulator, so y is rounded once, not twice.
       if (has_bias) {
         rec.backend().gemm_bias(detail::gemm_args(false, true, 1, rows, out_features, in), tx, tw, tb, y, false);

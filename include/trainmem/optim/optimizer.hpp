@@ -306,6 +306,12 @@ class Optimizer {
       const Tensor<B>& target = e.master.defined() ? e.master : e.param.value();
       detail::check(grad.shape() == target.shape(), "optimizer: grad of '", e.param.name(), "' is ", grad.shape(),
                     ", parameter is ", target.shape());
+      detail::check(target.dtype() == DType::F32 || target.dtype() == DType::F64, "optimizer: '", e.param.name(),
+                    "' is ", target.dtype(),
+                    "; updates run on f32 or f64 tensors (use FP32 master weights for 16-bit models)");
+      detail::check(rounding_mode_ != RoundingMode::Stochastic || !e.master.defined() || e.param.dtype() == DType::BF16,
+                    "optimizer: stochastic rounding writes bf16 model copies, '", e.param.name(), "' is ",
+                    e.param.dtype());
     }
     prepare_states(control);
     ++steps_;

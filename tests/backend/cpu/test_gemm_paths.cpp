@@ -46,7 +46,7 @@ struct ForcedPath {
 
 std::vector<cpu::GemmPath> paths() {
   std::vector<cpu::GemmPath> all{cpu::GemmPath::Auto, cpu::GemmPath::Eigen};
-  if (cpu::detail::kHaveOneDnn) all.push_back(cpu::GemmPath::OneDnn);
+  if (cpu::kernels::kHaveOneDnn) all.push_back(cpu::GemmPath::OneDnn);
   return all;
 }
 
@@ -65,7 +65,7 @@ const char* taken_path(const GemmArgs& g, DType ab, DType c, bool with_bias, boo
       using Acc = AccumulatorOf<TA>;
       const Acc row[1] = {};  // only whether there is a bias matters
       if constexpr (std::is_same_v<TA, double> != std::is_same_v<TC, double>) return "none";
-      else return cpu::detail::gemm_path_name<TA, TC>(g, cpu::detail::Epilogue<Acc>{with_bias ? row : nullptr, gelu});
+      else return cpu::kernels::gemm_path_name<TA, TC>(g, cpu::kernels::Epilogue<Acc>{with_bias ? row : nullptr, gelu});
     });
   });
 }
@@ -228,18 +228,18 @@ TEST_CASE("TRAINMEM_CPU_GEMM names a path; the 16-bit rule follows AMX, the F32 
   g.m = g.n = g.k = 64;
   const ForcedPath forced(cpu::GemmPath::Auto);
   // 16-bit operands go to oneDNN exactly where it has AMX (NOTE [CPU GEMM path]).
-  const bool onednn_bf16 = cpu::detail::onednn_has_amx() && cpu::detail::onednn_can_gemm<BFloat16, BFloat16>(g);
-  CHECK(std::string(cpu::detail::gemm_path_name<BFloat16, BFloat16>(g)) == (onednn_bf16 ? "onednn" : "widen"));
-  CHECK(std::string(cpu::detail::gemm_path_name<double, double>(g)) == "eigen");
+  const bool onednn_bf16 = cpu::kernels::onednn_has_amx() && cpu::kernels::onednn_can_gemm<BFloat16, BFloat16>(g);
+  CHECK(std::string(cpu::kernels::gemm_path_name<BFloat16, BFloat16>(g)) == (onednn_bf16 ? "onednn" : "widen"));
+  CHECK(std::string(cpu::kernels::gemm_path_name<double, double>(g)) == "eigen");
   // F32 goes to oneDNN only in the shape class where it measured faster.
-  CHECK(std::string(cpu::detail::gemm_path_name<float, float>(g)) == "eigen");
+  CHECK(std::string(cpu::kernels::gemm_path_name<float, float>(g)) == "eigen");
   GemmArgs large;
   large.m = large.n = large.k = cpu::kOneDnnF32MinDim;
-  CHECK(std::string(cpu::detail::gemm_path_name<float, float>(large)) ==
-        (cpu::detail::kHaveOneDnn ? "onednn" : "eigen"));
+  CHECK(std::string(cpu::kernels::gemm_path_name<float, float>(large)) ==
+        (cpu::kernels::kHaveOneDnn ? "onednn" : "eigen"));
   large.k = cpu::kOneDnnF32MinDim - 1;
-  CHECK(std::string(cpu::detail::gemm_path_name<float, float>(large)) == "eigen");
+  CHECK(std::string(cpu::kernels::gemm_path_name<float, float>(large)) == "eigen");
   cpu::force_gemm_path(cpu::GemmPath::Eigen);
-  CHECK(std::string(cpu::detail::gemm_path_name<BFloat16, BFloat16>(g)) == "widen");
-  CHECK(std::string(cpu::detail::gemm_path_name<float, float>(g)) == "eigen");
+  CHECK(std::string(cpu::kernels::gemm_path_name<BFloat16, BFloat16>(g)) == "widen");
+  CHECK(std::string(cpu::kernels::gemm_path_name<float, float>(g)) == "eigen");
 }

@@ -43,16 +43,16 @@ class Allocator {
     void* ptr = nullptr;
     std::lock_guard lock(mutex_);
     if (fail_countdown_ > 0 && --fail_countdown_ == 0)
-      throw Error(trainmem::detail::concat("cpu::Allocator: injected failure allocating ", bytes, " bytes for ",
-                                           name_of(category), " (fail_allocation)"));
+      throw Error(detail::concat("cpu::Allocator: injected failure allocating ", bytes, " bytes for ",
+                                 name_of(category), " (fail_allocation)"));
     if (auto it = cache_.find(rounded); it != cache_.end() && !it->second.empty()) {
       ptr = it->second.back();
       it->second.pop_back();
       cached_bytes_ -= rounded;
     } else {
       ptr = std::aligned_alloc(kAlignment, rounded);
-      trainmem::detail::check(ptr != nullptr, "cpu::Allocator: out of memory allocating ", bytes, " bytes for ",
-                              name_of(category), " (live ", stats_.live_total(), " bytes)");
+      detail::check(ptr != nullptr, "cpu::Allocator: out of memory allocating ", bytes, " bytes for ",
+                    name_of(category), " (live ", stats_.live_total(), " bytes)");
     }
     stats_.on_allocate(category, bytes);
     return ptr;

@@ -1,9 +1,11 @@
 // trainmem/backend/cpu/backend.hpp — the CPU backend: Eigen or oneDNN GEMM, OpenMP loops.
 //
-// A Backend is a compile-time policy: Tensor<Backend>, Tape<Backend>. It owns the
-// tracked allocator (and so the MemoryStats; GEMM workspaces come from it too), and the kernels, each
-// a method that checks nothing (ops validate before calling) and turns run-time
-// dtypes into C++ types once. `default_instance()` is what tensors use unless told
+// A Backend is a compile-time policy: Tensor<Backend>, Tape<Backend>; what it must
+// provide is the Backend concept (core/backend_contract.hpp), asserted below. It owns
+// the tracked allocator (and so the MemoryStats; GEMM workspaces come from it too), and
+// the kernels (backend/cpu/kernels/, one file per op family), each a method that turns
+// run-time dtypes into C++ types once and asserts what the calling op validated (NOTE
+// [Ops validate, backends assert]). `default_instance()` is what tensors use unless told
 // otherwise; tests that count bytes make their own instance. Several threads may share
 // one Backend (its allocator and MemoryStats lock; the kernels keep no state).
 #pragma once
@@ -14,7 +16,17 @@
 
 #include "trainmem/backend/cpu/allocator.hpp"
 #include "trainmem/backend/cpu/gemm.hpp"
-#include "trainmem/backend/cpu/kernels.hpp"
+#include "trainmem/backend/cpu/kernels/dropout.hpp"
+#include "trainmem/backend/cpu/kernels/elementwise.hpp"
+#include "trainmem/backend/cpu/kernels/embedding.hpp"
+#include "trainmem/backend/cpu/kernels/loss.hpp"
+#include "trainmem/backend/cpu/kernels/loss_scale.hpp"
+#include "trainmem/backend/cpu/kernels/norm.hpp"
+#include "trainmem/backend/cpu/kernels/reduction.hpp"
+#include "trainmem/backend/cpu/kernels/shape.hpp"
+#include "trainmem/backend/cpu/kernels/softmax.hpp"
+#include "trainmem/backend/cpu/kernels/update.hpp"
+#include "trainmem/core/backend_contract.hpp"
 #include "trainmem/core/loss_scale_rule.hpp"
 #include "trainmem/core/stochastic_rounding.hpp"
 #include "trainmem/core/tensor.hpp"
@@ -63,10 +75,11 @@ class Backend {
   /// C = alpha op(A) op(B) + beta C. A and B share a dtype; f64 only with f64.
   /// Which path multiplies: NOTE [CPU GEMM path] (backend/cpu/gemm.hpp).
   void gemm(const GemmArgs& args, const TensorT& a, const TensorT& b, const TensorT& c) {
+    expect_gemm_dtypes(a, b, c);
     visit_floating(a.dtype(), "gemm", [&]<class TA>() {
       visit_floating(c.dtype(), "gemm", [&]<class TC>() {
         if constexpr (std::is_same_v<TA, double> == std::is_same_v<TC, double>)
-          detail::gemm<TA, TC>(args, a.data_as<const TA>(), b.data_as<const TA>(), c.data_as<TC>(), allocator_);
+          kernels::gemm<TA, TC>(args, a.data_as<const TA>(), b.data_as<const TA>(), c.data_as<TC>(), allocator_);
       });
     });
   }
@@ -75,26 +88,24 @@ class Backend {
   /// the identity. Both in FP32, before C's one rounding, as cuda::Backend::gemm_bias.
   void gemm_bias(const GemmArgs& args, const TensorT& a, const TensorT& b, const TensorT& bias, const TensorT& c,
                  bool gelu) {
-    trainmem::detail::check(bias.defined() && bias.numel() == args.n && is_floating(bias.dtype()),
-                            "gemm_bias: bias must be a floating tensor of n = ", args.n, " elements, got ",
-                            bias.defined() ? bias.shape().str() : std::string("undefined"));
+    expect_gemm_dtypes(a, b, c);
+    detail::expects(bias.defined() && bias.numel() == args.n, "gemm_bias: bias of n = ", args.n, " elements");
     visit_floating(a.dtype(), "gemm_bias", [&]<class TA>() {
       visit_floating(c.dtype(), "gemm_bias", [&]<class TC>() {
         if constexpr (std::is_same_v<TA, double> == std::is_same_v<TC, double>) {
           using Acc = AccumulatorOf<TA>;
           visit_floating(bias.dtype(), "gemm_bias", [&]<class TBias>() {
             // The bias row in the accumulator's type: one small copy unless it already is.
-            const detail::Workspace<Acc> widened(allocator_, std::is_same_v<TBias, Acc> ? 0 : bias.numel());
+            const kernels::Workspace<Acc> widened(allocator_, std::is_same_v<TBias, Acc> ? 0 : bias.numel());
             const Acc* row = widened.get();
             if constexpr (std::is_same_v<TBias, Acc>) {
               row = bias.data_as<const Acc>();
             } else {
               const TBias* from = bias.data_as<const TBias>();
-              for (std::int64_t j = 0; j < args.n; ++j)
-                widened.get()[j] = static_cast<Acc>(trainmem::detail::widen(from[j]));
+              for (std::int64_t j = 0; j < args.n; ++j) widened.get()[j] = static_cast<Acc>(detail::widen(from[j]));
             }
-            detail::gemm<TA, TC>(args, a.data_as<const TA>(), b.data_as<const TA>(), c.data_as<TC>(), allocator_,
-                                 detail::Epilogue<Acc>{row, gelu});
+            kernels::gemm<TA, TC>(args, a.data_as<const TA>(), b.data_as<const TA>(), c.data_as<TC>(), allocator_,
+                                  kernels::Epilogue<Acc>{row, gelu});
           });
         }
       });
@@ -105,8 +116,9 @@ class Backend {
   template <class Op>
   void map(Op op, const TensorT& in, const TensorT& out) {
     visit_floating(in.dtype(), "map", [&]<class TI>() {
-      visit_floating(out.dtype(), "map",
-                     [&]<class TO>() { detail::map_unary(op, in.data_as<const TI>(), out.data_as<TO>(), in.numel()); });
+      visit_floating(out.dtype(), "map", [&]<class TO>() {
+        kernels::map_unary(op, in.data_as<const TI>(), out.data_as<TO>(), in.numel());
+      });
     });
   }
 
@@ -116,8 +128,8 @@ class Backend {
     visit_floating(a.dtype(), "map", [&]<class TA>() {
       visit_floating(b.dtype(), "map", [&]<class TB>() {
         visit_floating(out.dtype(), "map", [&]<class TO>() {
-          detail::map_binary(op, a.data_as<const TA>(), b.data_as<const TB>(), out.data_as<TO>(), a.rows(), a.cols(),
-                             b.numel());
+          kernels::map_binary(op, a.data_as<const TA>(), b.data_as<const TB>(), out.data_as<TO>(), a.rows(), a.cols(),
+                              b.numel());
         });
       });
     });
@@ -129,7 +141,7 @@ class Backend {
     if (cols == 0) return;  // nothing to write (and no row count to divide out)
     visit_floating(in.dtype(), "sum_rows", [&]<class TI>() {
       visit_floating(out.dtype(), "sum_rows", [&]<class TO>() {
-        detail::sum_rows(in.data_as<const TI>(), out.data_as<TO>(), in.numel() / cols, cols, beta);
+        kernels::sum_rows(in.data_as<const TI>(), out.data_as<TO>(), in.numel() / cols, cols, beta);
       });
     });
   }
@@ -137,19 +149,19 @@ class Backend {
   void sum_all(const TensorT& in, const TensorT& out) {
     visit_floating(in.dtype(), "sum_all", [&]<class TI>() {
       visit_floating(out.dtype(), "sum_all",
-                     [&]<class TO>() { detail::sum_all(in.data_as<const TI>(), out.data_as<TO>(), in.numel()); });
+                     [&]<class TO>() { kernels::sum_all(in.data_as<const TI>(), out.data_as<TO>(), in.numel()); });
     });
   }
 
   void softmax(const TensorT& x, const TensorT& y, bool log_output) {
     visit_floating(x.dtype(), "softmax", [&]<class T>() {
-      detail::softmax(x.data_as<const T>(), y.data_as<T>(), x.rows(), x.cols(), log_output);
+      kernels::softmax(x.data_as<const T>(), y.data_as<T>(), x.rows(), x.cols(), log_output);
     });
   }
   void softmax_backward(const TensorT& dy, const TensorT& y, const TensorT& dx, bool log_output) {
     visit_floating(y.dtype(), "softmax_backward", [&]<class T>() {
-      detail::softmax_backward(dy.data_as<const T>(), y.data_as<const T>(), dx.data_as<T>(), y.rows(), y.cols(),
-                               log_output);
+      kernels::softmax_backward(dy.data_as<const T>(), y.data_as<const T>(), dx.data_as<T>(), y.rows(), y.cols(),
+                                log_output);
     });
   }
 
@@ -158,8 +170,8 @@ class Backend {
     visit_floating(x.dtype(), "layer_norm", [&]<class T>() {
       visit_floating(gamma.dtype(), "layer_norm", [&]<class TP>() {
         using Acc = AccumulatorOf<T>;
-        detail::layer_norm(x.data_as<const T>(), gamma.data_as<const TP>(), beta.data_as<const TP>(), y.data_as<T>(),
-                           mean.data_as<Acc>(), rstd.data_as<Acc>(), x.rows(), x.cols(), eps);
+        kernels::layer_norm(x.data_as<const T>(), gamma.data_as<const TP>(), beta.data_as<const TP>(), y.data_as<T>(),
+                            mean.data_as<Acc>(), rstd.data_as<Acc>(), x.rows(), x.cols(), eps);
       });
     });
   }
@@ -168,9 +180,9 @@ class Backend {
     visit_floating(x.dtype(), "layer_norm_backward", [&]<class T>() {
       visit_floating(gamma.dtype(), "layer_norm_backward", [&]<class TP>() {
         using Acc = AccumulatorOf<T>;
-        detail::layer_norm_backward(dy.data_as<const T>(), x.data_as<const T>(), gamma.data_as<const TP>(),
-                                    mean.data_as<const Acc>(), rstd.data_as<const Acc>(), dx.data_as<T>(),
-                                    dgamma.data_as<TP>(), dbeta.data_as<TP>(), x.rows(), x.cols());
+        kernels::layer_norm_backward(dy.data_as<const T>(), x.data_as<const T>(), gamma.data_as<const TP>(),
+                                     mean.data_as<const Acc>(), rstd.data_as<const Acc>(), dx.data_as<T>(),
+                                     dgamma.data_as<TP>(), dbeta.data_as<TP>(), x.rows(), x.cols());
       });
     });
   }
@@ -179,20 +191,21 @@ class Backend {
   void cross_entropy(const TensorT& logits, const TensorT& labels, const TensorT& loss, const TensorT& lse) {
     visit_floating(logits.dtype(), "cross_entropy", [&]<class T>() {
       using Acc = AccumulatorOf<T>;
-      const auto bad_row = detail::cross_entropy(logits.data_as<const T>(), labels.data_as<const std::int32_t>(),
-                                                 loss.data_as<Acc>(), lse.data_as<Acc>(), logits.rows(), logits.cols());
-      trainmem::detail::check(bad_row < 0, "cross_entropy: label ",
-                              bad_row < 0 ? 0 : labels.data_as<const std::int32_t>()[bad_row], " at row ", bad_row,
-                              " is outside [0, ", logits.cols(), ")");
+      const auto bad_row =
+          kernels::cross_entropy(logits.data_as<const T>(), labels.data_as<const std::int32_t>(), loss.data_as<Acc>(),
+                                 lse.data_as<Acc>(), logits.rows(), logits.cols());
+      detail::check(bad_row < 0, "cross_entropy: label ",
+                    bad_row < 0 ? 0 : labels.data_as<const std::int32_t>()[bad_row], " at row ", bad_row,
+                    " is outside [0, ", logits.cols(), ")");
     });
   }
   void cross_entropy_backward(const TensorT& dloss, const TensorT& logits, const TensorT& labels, const TensorT& lse,
                               const TensorT& dlogits) {
     visit_floating(logits.dtype(), "cross_entropy_backward", [&]<class T>() {
       using Acc = AccumulatorOf<T>;
-      detail::cross_entropy_backward(dloss.data_as<const Acc>()[0], logits.data_as<const T>(),
-                                     labels.data_as<const std::int32_t>(), lse.data_as<const Acc>(),
-                                     dlogits.data_as<T>(), logits.rows(), logits.cols());
+      kernels::cross_entropy_backward(dloss.data_as<const Acc>()[0], logits.data_as<const T>(),
+                                      labels.data_as<const std::int32_t>(), lse.data_as<const Acc>(),
+                                      dlogits.data_as<T>(), logits.rows(), logits.cols());
     });
   }
 
@@ -200,24 +213,24 @@ class Backend {
   void swap_middle_axes(const TensorT& in, const TensorT& out, std::int64_t a, std::int64_t b, std::int64_t c,
                         std::int64_t d) {
     visit_floating(in.dtype(), "swap_middle_axes",
-                   [&]<class T>() { detail::swap_middle_axes(in.data_as<const T>(), out.data_as<T>(), a, b, c, d); });
+                   [&]<class T>() { kernels::swap_middle_axes(in.data_as<const T>(), out.data_as<T>(), a, b, c, d); });
   }
   void causal_mask(const TensorT& in, const TensorT& out, double fill) {
     const std::int64_t t = in.cols();
     visit_floating(in.dtype(), "causal_mask", [&]<class T>() {
-      detail::causal_mask(in.data_as<const T>(), out.data_as<T>(), in.shape().leading(2), t, fill);
+      kernels::causal_mask(in.data_as<const T>(), out.data_as<T>(), in.shape().leading(2), t, fill);
     });
   }
   void dropout(const TensorT& in, const TensorT& out, float p, RngState rng) {
     visit_floating(in.dtype(), "dropout",
-                   [&]<class T>() { detail::dropout(in.data_as<const T>(), out.data_as<T>(), in.numel(), p, rng); });
+                   [&]<class T>() { kernels::dropout(in.data_as<const T>(), out.data_as<T>(), in.numel(), p, rng); });
   }
   /// Checks each id against the table's rows as it copies (as cross_entropy checks labels).
   void embedding(const TensorT& weight, const TensorT& ids, const TensorT& out) {
     visit_floating(weight.dtype(), "embedding", [&]<class T>() {
       check_ids(ids,
-                detail::embedding(weight.data_as<const T>(), ids.data_as<const std::int32_t>(), out.data_as<T>(),
-                                  ids.numel(), weight.cols(), weight.rows()),
+                kernels::embedding(weight.data_as<const T>(), ids.data_as<const std::int32_t>(), out.data_as<T>(),
+                                   ids.numel(), weight.cols(), weight.rows()),
                 weight.rows(), "");
     });
   }
@@ -227,25 +240,25 @@ class Backend {
     visit_floating(dout.dtype(), "embedding_backward", [&]<class T>() {
       visit_floating(dweight.dtype(), "embedding_backward", [&]<class TW>() {
         check_ids(ids,
-                  detail::embedding_backward(dout.data_as<const T>(), ids.data_as<const std::int32_t>(),
-                                             dweight.data_as<TW>(), ids.numel(), dweight.cols(), dweight.rows()),
+                  kernels::embedding_backward(dout.data_as<const T>(), ids.data_as<const std::int32_t>(),
+                                              dweight.data_as<TW>(), ids.numel(), dweight.cols(), dweight.rows()),
                   dweight.rows(), " backward");
       });
     });
   }
 
-  /// One optimizer update pass: param (f32 or f64) and states updated in place, grad
+  /// One optimizer update pass: param (f32 or f64) and its moments updated in place, grad
   /// (any floating dtype) read, and an optional 16-bit model copy written from the result.
-  /// state1, state2 and model_copy may be undefined.
+  /// first_moment, second_moment and model_copy may be undefined.
   template <class Update>
-  void apply_update(Update update, const TensorT& param, const TensorT& grad, const TensorT& state1,
-                    const TensorT& state2, const TensorT& model_copy) {
+  void apply_update(Update update, const TensorT& param, const TensorT& grad, const TensorT& first_moment,
+                    const TensorT& second_moment, const TensorT& model_copy) {
     if (!model_copy.defined()) {
-      update_with(update, param, grad, state1, state2, detail::NoCopy{});
+      update_with(update, param, grad, first_moment, second_moment, kernels::NoCopy{});
       return;
     }
     visit_floating(model_copy.dtype(), "apply_update", [&]<class TC>() {
-      update_with(update, param, grad, state1, state2, detail::NearestCopy<TC>{model_copy.data_as<TC>()});
+      update_with(update, param, grad, first_moment, second_moment, kernels::NearestCopy<TC>{model_copy.data_as<TC>()});
     });
   }
 
@@ -254,20 +267,17 @@ class Backend {
   /// pass changes nothing (a step the loss scaler skips, decided without a host sync on a
   /// GPU); `rounding` says how the 16-bit model copy is written (stochastic: bf16 only).
   template <class Update>
-  void apply_update(Update update, const TensorT& param, const TensorT& grad, const TensorT& state1,
-                    const TensorT& state2, const TensorT& model_copy, const TensorT& found_inf,
+  void apply_update(Update update, const TensorT& param, const TensorT& grad, const TensorT& first_moment,
+                    const TensorT& second_moment, const TensorT& model_copy, const TensorT& found_inf,
                     const CopyRounding& rounding = {}) {
     if (found_inf.defined() && found_inf.data_as<const float>()[0] != 0.0f) return;
     if (rounding.mode == RoundingMode::NearestEven || !model_copy.defined()) {
-      apply_update(update, param, grad, state1, state2, model_copy);
+      apply_update(update, param, grad, first_moment, second_moment, model_copy);
       return;
     }
-    trainmem::detail::check(model_copy.dtype() == DType::BF16,
-                            "apply_update: stochastic rounding writes bf16 model "
-                            "copies, the copy is ",
-                            model_copy.dtype());
-    update_with(update, param, grad, state1, state2,
-                detail::StochasticBf16Copy{model_copy.data_as<BFloat16>(), rounding.rng});
+    detail::expects(model_copy.dtype() == DType::BF16, "apply_update: a bf16 model copy for stochastic rounding");
+    update_with(update, param, grad, first_moment, second_moment,
+                kernels::StochasticBf16Copy{model_copy.data_as<BFloat16>(), rounding.rng});
   }
 
   /// Every grad *= 1 / scale[0] in place (no write when that is 1), and found_inf[0] = 1
@@ -278,7 +288,7 @@ class Backend {
     float* flag = found_inf.data_as<float>();
     for (const TensorT& grad : grads) {
       visit_floating(grad.dtype(), "unscale_grads", [&]<class T>() {
-        if (detail::unscale_and_check(grad.data_as<T>(), grad.numel(), inv_scale)) flag[0] = 1.0f;
+        if (kernels::unscale_and_check(grad.data_as<T>(), grad.numel(), inv_scale)) flag[0] = 1.0f;
       });
     }
   }
@@ -295,34 +305,39 @@ class Backend {
   void sum_squares(const TensorT& x, const TensorT& accumulator) {
     visit_floating(x.dtype(), "sum_squares", [&]<class T>() {
       if (accumulator.dtype() == DType::F64) {
-        detail::sum_squares(x.data_as<const T>(), accumulator.data_as<double>(), x.numel());
+        kernels::sum_squares(x.data_as<const T>(), accumulator.data_as<double>(), x.numel());
       } else {
-        detail::sum_squares(x.data_as<const T>(), accumulator.data_as<float>(), x.numel());
+        kernels::sum_squares(x.data_as<const T>(), accumulator.data_as<float>(), x.numel());
       }
     });
   }
 
  private:
+  /// The ops give A and B their compute dtype, and f64 only meets f64.
+  static void expect_gemm_dtypes(const TensorT& a, const TensorT& b, const TensorT& c) {
+    detail::expects(a.dtype() == b.dtype() && (a.dtype() == DType::F64) == (c.dtype() == DType::F64),
+                    "gemm: A and B of one floating dtype, f64 only with f64");
+  }
   /// Throws for the id at `bad` (a kernel's answer; -1: none) naming it and the range.
   static void check_ids(const TensorT& ids, std::int64_t bad, std::int64_t vocab, const char* when) {
-    trainmem::detail::check(bad < 0, "embedding", when, ": id ", bad < 0 ? 0 : ids.data_as<const std::int32_t>()[bad],
-                            " at position ", bad, " is outside [0, ", vocab, ")");
+    detail::check(bad < 0, "embedding", when, ": id ", bad < 0 ? 0 : ids.data_as<const std::int32_t>()[bad],
+                  " at position ", bad, " is outside [0, ", vocab, ")");
   }
 
   /// The typed update pass behind both apply_update overloads; store_copy writes the model copy.
   template <class Update, class StoreCopy>
-  void update_with(Update update, const TensorT& param, const TensorT& grad, const TensorT& state1,
-                   const TensorT& state2, StoreCopy store_copy) {
+  void update_with(Update update, const TensorT& param, const TensorT& grad, const TensorT& first_moment,
+                   const TensorT& second_moment, StoreCopy store_copy) {
     visit_floating(param.dtype(), "apply_update", [&]<class TP>() {
       if constexpr (std::is_same_v<TP, float> || std::is_same_v<TP, double>) {
         visit_floating(grad.dtype(), "apply_update", [&]<class TG>() {
-          detail::apply_update(update, param.data_as<TP>(), grad.data_as<const TG>(),
-                               state1.defined() ? state1.data_as<TP>() : nullptr,
-                               state2.defined() ? state2.data_as<TP>() : nullptr, param.numel(), store_copy);
+          kernels::apply_update(update, param.data_as<TP>(), grad.data_as<const TG>(),
+                                first_moment.defined() ? first_moment.data_as<TP>() : nullptr,
+                                second_moment.defined() ? second_moment.data_as<TP>() : nullptr, param.numel(),
+                                store_copy);
         });
       } else {
-        throw Error(
-            "apply_update: the updated parameter must be f32 or f64 (use FP32 master weights for 16-bit models)");
+        detail::expects(false, "apply_update: an f32 or f64 param");
       }
     });
   }
@@ -330,5 +345,8 @@ class Backend {
   MemoryStats stats_;
   Allocator allocator_{stats_};
 };
+
+static_assert(trainmem::Backend<Backend> && HasGemmBias<Backend>,
+              "cpu::Backend must meet the backend contract (core/backend_contract.hpp)");
 
 }  // namespace trainmem::cpu

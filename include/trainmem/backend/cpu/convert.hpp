@@ -19,7 +19,7 @@
 
 #include "trainmem/core/dtype.hpp"
 
-namespace trainmem::cpu::detail {
+namespace trainmem::cpu::kernels {
 
 template <class T>
 void widen_to_float(const T* src, float* dst, std::size_t n) {
@@ -109,4 +109,4 @@ void narrow_from_float(const float* src, T* dst, std::size_t n) {
   }
 }
 
-}  // namespace trainmem::cpu::detail
+}  // namespace trainmem::cpu::kernels

@@ -39,7 +39,7 @@
 #include "trainmem/core/gemm_args.hpp"
 #include "trainmem/error.hpp"
 
-namespace trainmem::cpu::detail {
+namespace trainmem::cpu::kernels {
 
 template <class T>
 using RowMatrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
@@ -213,7 +213,7 @@ void eigen_path_gemm(const GemmArgs& g, const TA* a, const TA* b, TC* c, const E
   }
 }
 
-}  // namespace trainmem::cpu::detail
+}  // namespace trainmem::cpu::kernels
 
 namespace trainmem::cpu {
 
@@ -238,7 +238,7 @@ inline constexpr std::int64_t kOneDnnF32MinDim = 512;
 /// \brief Which CPU GEMM path to take: the measured rule, or one path forced.
 enum class GemmPath { Auto, Eigen, OneDnn };
 
-namespace detail {
+namespace kernels {
 
 inline GemmPath gemm_path_from_environment() {
   const char* value = std::getenv("TRAINMEM_CPU_GEMM");
@@ -246,7 +246,7 @@ inline GemmPath gemm_path_from_environment() {
   if (v == "auto" || v.empty()) return GemmPath::Auto;
   if (v == "eigen" || v == "widen") return GemmPath::Eigen;
   if (v == "onednn") return GemmPath::OneDnn;
-  throw Error(trainmem::detail::concat("TRAINMEM_CPU_GEMM=", v, ": expected auto, eigen, widen or onednn"));
+  throw Error(detail::concat("TRAINMEM_CPU_GEMM=", v, ": expected auto, eigen, widen or onednn"));
 }
 
 inline std::atomic<GemmPath>& forced_gemm_path() {
@@ -254,14 +254,14 @@ inline std::atomic<GemmPath>& forced_gemm_path() {
   return path;
 }
 
-}  // namespace detail
+}  // namespace kernels
 
 /// Forces a CPU GEMM path for every dtype from now on (GemmPath::Auto: the measured rule).
-inline void force_gemm_path(GemmPath path) { detail::forced_gemm_path().store(path); }
+inline void force_gemm_path(GemmPath path) { kernels::forced_gemm_path().store(path); }
 /// The path forced by force_gemm_path() or TRAINMEM_CPU_GEMM (GemmPath::Auto if none).
-inline GemmPath forced_gemm_path() { return detail::forced_gemm_path().load(); }
+inline GemmPath forced_gemm_path() { return kernels::forced_gemm_path().load(); }
 
-namespace detail {
+namespace kernels {
 
 /// The path a GEMM with these storage types takes (never Auto).
 template <class TA, class TC>
@@ -298,5 +298,5 @@ void gemm(const GemmArgs& g, const TA* a, const TA* b, TC* c, Allocator& allocat
   eigen_path_gemm<TA, TC>(g, a, b, c, epilogue, allocator);
 }
 
-}  // namespace detail
+}  // namespace kernels
 }  // namespace trainmem::cpu

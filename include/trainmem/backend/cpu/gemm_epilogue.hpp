@@ -11,7 +11,7 @@
 
 #include "trainmem/core/math.hpp"
 
-namespace trainmem::cpu::detail {
+namespace trainmem::cpu::kernels {
 
 /// \brief The bias row (null: none) and whether GELU (tanh form, math::GeluTanh) follows it.
 template <class Acc>
@@ -34,4 +34,4 @@ void apply_epilogue(const Epilogue<Acc>& e, Acc* block, std::int64_t ld, std::in
   }
 }
 
-}  // namespace trainmem::cpu::detail
+}  // namespace trainmem::cpu::kernels

@@ -18,14 +18,14 @@ struct OneDnnSupport {
 };
 
 inline OneDnnSupport onednn_support() {
-  return {detail::kHaveOneDnn, detail::onednn_isa_name(), detail::onednn_has_amx()};
+  return {kernels::kHaveOneDnn, kernels::onednn_isa_name(), kernels::onednn_has_amx()};
 }
 
 /// The path a GEMM of `g`'s shape with operands TA and result TC takes now:
 /// "onednn", "eigen" or "widen" (16-bit operands widened to f32 for Eigen).
 template <class TA, class TC = TA>
 const char* gemm_path_taken(const GemmArgs& g) {
-  return detail::gemm_path_name<TA, TC>(g);
+  return kernels::gemm_path_name<TA, TC>(g);
 }
 
 }  // namespace trainmem::cpu

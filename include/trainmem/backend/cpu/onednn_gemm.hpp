@@ -34,7 +34,7 @@
 #include <unordered_map>
 #endif
 
-namespace trainmem::cpu::detail {
+namespace trainmem::cpu::kernels {
 
 #if defined(TRAINMEM_WITH_ONEDNN)
 
@@ -66,7 +66,7 @@ using OneDnnEngine = OneDnnHandle<dnnl_engine_t, dnnl_engine_destroy>;
 using OneDnnStream = OneDnnHandle<dnnl_stream_t, dnnl_stream_destroy>;
 
 inline void onednn_check(dnnl_status_t status, const char* call) {
-  if (status != dnnl_success) throw Error(trainmem::detail::concat("oneDNN: ", call, " failed with status ", status));
+  if (status != dnnl_success) throw Error(detail::concat("oneDNN: ", call, " failed with status ", status));
 }
 
 /// \brief Whether oneDNN on this CPU multiplies 16-bit operands in hardware matrix units.
@@ -306,4 +306,4 @@ bool onednn_gemm(const GemmArgs&, const TA*, const TA*, TC*, const Epilogue<Accu
 
 #endif
 
-}  // namespace trainmem::cpu::detail
+}  // namespace trainmem::cpu::kernels

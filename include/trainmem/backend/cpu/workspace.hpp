@@ -9,7 +9,7 @@
 
 #include "trainmem/backend/cpu/allocator.hpp"
 
-namespace trainmem::cpu::detail {
+namespace trainmem::cpu::kernels {
 
 /// \brief count elements of T from the tracked allocator for one GEMM call (none for 0).
 template <class T>
@@ -30,4 +30,4 @@ class Workspace {
   T* data_;
 };
 
-}  // namespace trainmem::cpu::detail
+}  // namespace trainmem::cpu::kernels

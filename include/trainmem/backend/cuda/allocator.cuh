@@ -125,8 +125,8 @@ class Allocator {
       const cudaError_t status = cudaMallocHost(&ptr, bytes);
       if (status == cudaErrorMemoryAllocation) {
         cudaGetLastError();
-        throw Error(trainmem::detail::concat("cuda::Allocator: out of pinned host memory allocating ", bytes,
-                                             " bytes for host_offload; ", live_summary()));
+        throw Error(detail::concat("cuda::Allocator: out of pinned host memory allocating ", bytes,
+                                   " bytes for host_offload; ", live_summary()));
       }
       TRAINMEM_CUDA_CHECK(status);
     }
@@ -179,9 +179,8 @@ class Allocator {
   void defer_error(const char* call, cudaError_t status) noexcept {
     if (!deferred_error_.empty()) return;
     try {
-      deferred_error_ =
-          trainmem::detail::concat("cuda::Allocator: ", call, " failed in a destructor: ", cudaGetErrorName(status),
-                                   " (", cudaGetErrorString(status), ")");
+      deferred_error_ = detail::concat("cuda::Allocator: ", call, " failed in a destructor: ", cudaGetErrorName(status),
+                                       " (", cudaGetErrorString(status), ")");
     } catch (...) {
     }
   }
@@ -189,9 +188,9 @@ class Allocator {
     std::string out = "live bytes by category:";
     for (std::size_t c = 0; c < kMemCategoryCount; ++c) {
       const auto category = static_cast<MemCategory>(c);
-      out += trainmem::detail::concat(c ? ", " : " ", name_of(category), " ", stats_.live(category));
+      out += detail::concat(c ? ", " : " ", name_of(category), " ", stats_.live(category));
     }
-    out += trainmem::detail::concat("; total live ", stats_.live_total(), ", peak ", stats_.peak_total());
+    out += detail::concat("; total live ", stats_.live_total(), ", peak ", stats_.peak_total());
     return out;
   }
   std::string out_of_memory_message(std::size_t bytes, MemCategory category) const {
@@ -200,9 +199,9 @@ class Allocator {
     cudaGetLastError();
     std::uint64_t reserved = 0;
     cudaMemPoolGetAttribute(pool_, cudaMemPoolAttrReservedMemCurrent, &reserved);
-    return trainmem::detail::concat("cuda::Allocator: out of device memory allocating ", bytes, " bytes for ",
-                                    name_of(category), " on device ", device_, " (device free ", free_bytes, " of ",
-                                    total_bytes, " bytes; this pool reserves ", reserved, "); ", live_summary());
+    return detail::concat("cuda::Allocator: out of device memory allocating ", bytes, " bytes for ", name_of(category),
+                          " on device ", device_, " (device free ", free_bytes, " of ", total_bytes,
+                          " bytes; this pool reserves ", reserved, "); ", live_summary());
   }
 
   MemoryStats& stats_;

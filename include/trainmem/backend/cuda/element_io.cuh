@@ -2,7 +2,7 @@
 //
 // Kernels compute in the accumulator type (float, or double for f64) and convert at
 // the load and the store, with the same rounding as the host: `widen` and `narrow`
-// give the bits of trainmem::detail::widen/narrow (round to nearest even, once) for
+// give the bits of detail::widen/narrow (round to nearest even, once) for
 // every value but NaN payloads. f16 uses the hardware conversions (Half is
 // reinterpreted as __half); bf16 uses the shared BFloat16 code (integer operations). `Pack` moves up to 16 bytes per
 // access when pointers allow it. `load_as`/`store_as` take the dtype at run time, for
@@ -12,10 +12,10 @@
 // NOTE [Device-only names]
 // nvcc compiles a host function's call to a __device__-only function into a call that
 // ends the process with status 1, without a diagnostic. So every __device__-only
-// helper and every kernel lives in `trainmem::cuda::detail::device`, which unqualified lookup from host code in
-// `trainmem::cuda::detail` (the launchers) never searches: a launcher names a kernel
-// as `device::kernel`, and a host call to, say, `narrow` is a compile error instead of
-// a process exit. What both sides need is `__host__ __device__` and stays outside.
+// helper and every kernel lives in `trainmem::cuda::kernels::device`, which unqualified
+// lookup from host code in `trainmem::cuda::kernels` (the launchers) never searches: a
+// launcher names a kernel as `device::kernel`, and a host call to, say, `narrow` is a
+// compile error instead of a process exit. What both sides need is `__host__ __device__` and stays outside.
 // tests/cuda/host_exit_guard.cmake scans the compiled host code for the fingerprint.
 #pragma once
 
@@ -28,7 +28,7 @@
 
 #include "trainmem/core/dtype.hpp"
 
-namespace trainmem::cuda::detail {
+namespace trainmem::cuda::kernels {
 
 namespace device {
 // --- typed conversions ---------------------------------------------------------------
@@ -37,17 +37,17 @@ __device__ __forceinline__ double widen(double x) { return x; }
 __device__ __forceinline__ float widen(Half h) { return __half2float(__ushort_as_half(h.bits)); }
 __device__ __forceinline__ float widen(BFloat16 b) { return BFloat16::to_float(b.bits); }
 
-/// As trainmem::detail::narrow: a double reaches 16 bits with one rounding (through the
+/// As detail::narrow: a double reaches 16 bits with one rounding (through the
 /// round-to-odd float), a float with one; f16 rounds in hardware, the rest in the shared code.
 template <class T, class A>
 __device__ __forceinline__ T narrow(A value) {
   if constexpr (std::is_same_v<T, Half>) {
     float single;
-    if constexpr (std::is_same_v<A, double>) single = trainmem::detail::to_float_round_to_odd(value);
+    if constexpr (std::is_same_v<A, double>) single = detail::to_float_round_to_odd(value);
     else single = static_cast<float>(value);
     return Half::from_bits(__half_as_ushort(__float2half_rn(single)));
   } else {
-    return trainmem::detail::narrow<T>(value);
+    return detail::narrow<T>(value);
   }
 }
 
@@ -123,4 +123,4 @@ __device__ __forceinline__ bool acc_isfinite(Acc x) {
 }
 }  // namespace device
 
-}  // namespace trainmem::cuda::detail
+}  // namespace trainmem::cuda::kernels

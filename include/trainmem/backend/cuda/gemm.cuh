@@ -33,7 +33,7 @@
 #include <cstdint>
 #include <map>
 
-#include "trainmem/backend/cuda/kernels.cuh"
+#include "trainmem/backend/cuda/kernels/elementwise.cuh"
 #include "trainmem/core/gemm_args.hpp"
 
 namespace trainmem::cuda {
@@ -41,7 +41,7 @@ namespace trainmem::cuda {
 /// What a GEMM applies to alpha op(A) op(B) + beta C before storing it.
 enum class GemmEpilogue : std::uint8_t { None, Bias, BiasGelu };
 
-namespace detail {
+namespace kernels {
 
 inline cudaDataType_t cuda_data_type(DType dtype) {
   switch (dtype) {
@@ -91,7 +91,6 @@ class GemmEngine {
   void set_allow_tf32(bool allow) { allow_tf32_ = allow; }
   bool allow_tf32() const { return allow_tf32_; }
   std::size_t plans_cached() const { return plans_.size(); }
-  cublasLtHandle_t lt_handle() const { return lt_; }
 
   /// C = epilogue(alpha op(A) op(B) + beta C) for row-major A, B (dtype `ab`) and C (`c_dtype`).
   void run(const GemmArgs& g, DType ab, const void* a, const void* b, DType c_dtype, void* c,
@@ -134,9 +133,9 @@ class GemmEngine {
       return;
     }
     if (!plan.found) {
-      trainmem::detail::check(epilogue != GemmEpilogue::None, "gemm: cuBLASLt offers no algorithm for ", ab, " x ", ab,
-                              " -> ", c_dtype, " with m=", g.m, " n=", g.n, " k=", g.k, " batch=", g.batch,
-                              " trans_a=", g.trans_a, " trans_b=", g.trans_b);
+      detail::check(epilogue != GemmEpilogue::None, "gemm: cuBLASLt offers no algorithm for ", ab, " x ", ab, " -> ",
+                    c_dtype, " with m=", g.m, " n=", g.n, " k=", g.k, " batch=", g.batch, " trans_a=", g.trans_a,
+                    " trans_b=", g.trans_b);
       run(g, ab, a, b, c_dtype, c);
       apply_epilogue(g, c_dtype, c, epilogue, bias_dtype, bias);
       return;
@@ -158,7 +157,7 @@ class GemmEngine {
     cublasLtMatmulAlgo_t algo{};
     bool found = false;
   };
-  using Key = std::array<std::int64_t, 17>;
+  using Key = std::array<std::int64_t, 16>;
 
   static bool lt_supports(DType ab, DType c) {
     if (ab == DType::F32) return c == DType::F32;
@@ -229,9 +228,9 @@ class GemmEngine {
       TRAINMEM_CUBLAS_CHECK(cublasSetStream(cublas_, ctx_.stream));
       TRAINMEM_CUBLAS_CHECK(cublasSetWorkspace(cublas_, workspace(), kWorkspaceBytes));
     }
-    trainmem::detail::check(g.m < (std::int64_t{1} << 31) && g.n < (std::int64_t{1} << 31) &&
-                                g.k < (std::int64_t{1} << 31) && g.batch < (std::int64_t{1} << 31),
-                            "gemm: f64 extents must be below 2^31, got m=", g.m, " n=", g.n, " k=", g.k);
+    detail::check(g.m < (std::int64_t{1} << 31) && g.n < (std::int64_t{1} << 31) && g.k < (std::int64_t{1} << 31) &&
+                      g.batch < (std::int64_t{1} << 31),
+                  "gemm: f64 extents must be below 2^31, got m=", g.m, " n=", g.n, " k=", g.k);
     const auto op_a = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;  // operands swapped (NOTE above)
     const auto op_b = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
     const int m = static_cast<int>(g.n), n = static_cast<int>(g.m), k = static_cast<int>(g.k);
@@ -263,8 +262,7 @@ class GemmEngine {
                   align_a,
                   align_b,
                   align_c,
-                  ab == DType::F32 && allow_tf32_,
-                  0};
+                  ab == DType::F32 && allow_tf32_};
     if (auto it = plans_.find(key); it != plans_.end()) return it->second;
     Plan plan;
     try {
@@ -359,5 +357,5 @@ class GemmEngine {
   std::map<Key, Plan> plans_;
 };
 
-}  // namespace detail
+}  // namespace kernels
 }  // namespace trainmem::cuda

@@ -15,7 +15,7 @@
 
 #include "trainmem/backend/cuda/allocator.cuh"
 
-namespace trainmem::cuda::detail {
+namespace trainmem::cuda::kernels {
 
 /// Threads per block for element-wise and row kernels.
 inline constexpr int kThreads = 256;
@@ -82,49 +82,6 @@ __device__ inline void report_bad_index(BadIndex* record, long long position, lo
     record->extent = extent;
   }
 }
-
-// --- block reductions --------------------------------------------------------------------
-struct SumOp {
-  template <class T>
-  __device__ __forceinline__ T operator()(T a, T b) const {
-    return a + b;
-  }
-};
-/// max as std::max computes it ((a < b) ? b : a), so NaN handling matches the CPU loops.
-struct MaxOp {
-  template <class T>
-  __device__ __forceinline__ T operator()(T a, T b) const {
-    return (a < b) ? b : a;
-  }
-};
-
-template <class T, class Combine>
-__device__ __forceinline__ T warp_all_reduce(T value, Combine combine) {
-  for (int offset = 16; offset > 0; offset >>= 1) value = combine(value, __shfl_xor_sync(0xffffffffu, value, offset));
-  return value;
-}
-
-/// Combines one value per thread over the block (blockDim.x a multiple of 32) and returns
-/// the result to every thread. The order of combination is fixed, so sums are reproducible.
-template <class T, class Combine>
-__device__ T block_all_reduce(T value, Combine combine, T identity) {
-  __shared__ T partial[32];
-  __shared__ T result;
-  const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
-  const int warps = static_cast<int>(blockDim.x + 31) >> 5;
-  value = warp_all_reduce(value, combine);
-  if (lane == 0) partial[warp] = value;
-  __syncthreads();
-  if (warp == 0) {
-    T combined = lane < warps ? partial[lane] : identity;
-    combined = warp_all_reduce(combined, combine);
-    if (lane == 0) result = combined;
-  }
-  __syncthreads();
-  const T out = result;
-  __syncthreads();  // the next call reuses partial and result
-  return out;
-}
 }  // namespace device
 
 /// Threads per block for a kernel that gives each row one block: a multiple of 32 that
@@ -140,4 +97,4 @@ inline unsigned row_blocks(std::int64_t rows) {
   return static_cast<unsigned>(std::clamp<std::int64_t>(rows, 1, std::int64_t{1} << 20));
 }
 
-}  // namespace trainmem::cuda::detail
+}  // namespace trainmem::cuda::kernels

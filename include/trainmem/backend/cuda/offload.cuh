@@ -36,7 +36,7 @@
 
 namespace trainmem::cuda {
 
-namespace detail {
+namespace runtime {
 class OffloadEngine;
 
 /// Whether `event`'s work has completed; never leaves cudaErrorNotReady as the last error.
@@ -49,7 +49,7 @@ inline bool event_complete(cudaEvent_t event) {
   }
   throw_cuda_error(status, "cudaEventQuery(event)", __FILE__, __LINE__);
 }
-}  // namespace detail
+}  // namespace runtime
 
 /// \brief A tensor's bytes in pinned host memory (see NOTE [Offload ordering]).
 class HostCopy {
@@ -68,15 +68,15 @@ class HostCopy {
   /// The category the tensor had on the device (fetch gives it back).
   MemCategory category() const { return category_; }
   /// Whether every copy queued on this buffer so far has completed (does not block).
-  bool ready() const { return event_ == nullptr || detail::event_complete(event_); }
+  bool ready() const { return event_ == nullptr || runtime::event_complete(event_); }
   /// The pinned bytes; read them only once ready() (or after a synchronize).
   const void* host_data() const { return host_; }
 
  private:
-  friend class detail::OffloadEngine;
+  friend class runtime::OffloadEngine;
   void release() noexcept;
 
-  detail::OffloadEngine* engine_ = nullptr;
+  runtime::OffloadEngine* engine_ = nullptr;
   void* host_ = nullptr;
   std::size_t bytes_ = 0;
   Shape shape_;
@@ -85,7 +85,7 @@ class HostCopy {
   cudaEvent_t event_ = nullptr;  // recorded after the last copy that touches host_
 };
 
-namespace detail {
+namespace runtime {
 
 /// \brief The side stream, its events, and what must stay alive until they complete.
 class OffloadEngine {
@@ -139,8 +139,7 @@ class OffloadEngine {
 
   /// Queues the copy of `copy` into `device_data` (allocated on the main stream just before).
   void fetch_into(HostCopy& copy, void* device_data) {
-    trainmem::detail::check(copy.engine_ == this, "fetch: the HostCopy is ",
-                            copy.defined() ? "from another backend" : "empty");
+    detail::check(copy.engine_ == this, "fetch: the HostCopy is ", copy.defined() ? "from another backend" : "empty");
     reclaim();
     cudaEvent_t allocated = new_event();
     TRAINMEM_CUDA_CHECK(cudaEventRecord(allocated, main_));
@@ -212,7 +211,7 @@ class OffloadEngine {
   std::deque<Pending> pending_;
 };
 
-}  // namespace detail
+}  // namespace runtime
 
 inline HostCopy& HostCopy::operator=(HostCopy&& other) noexcept {
   if (this != &other) {

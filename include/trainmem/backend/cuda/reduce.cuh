@@ -1,6 +1,9 @@
-// trainmem/backend/cuda/reduce.cuh — deterministic two-stage reductions, in the accumulator type.
+// trainmem/backend/cuda/reduce.cuh — every reduction the CUDA kernels use, in the accumulator type.
 //
-// No atomics: the first kernel writes one partial sum per block (per column chunk for
+// Within a block: block_all_reduce combines one value per thread in a fixed warp-shuffle
+// order and hands the result to every thread; the row kernels (softmax, layer norm,
+// cross-entropy) give each row one block and reduce with it. Over a whole tensor: no
+// atomics; the first kernel writes one partial sum per block (per column chunk for
 // column sums), the second adds the partials in a fixed order and hands the total to a
 // `finish` functor that stores it (narrowing, scaling, or adding to an accumulator).
 // The grid depends only on the problem size and the device, so the same inputs give
@@ -13,8 +16,72 @@
 
 #include "trainmem/backend/cuda/element_io.cuh"
 #include "trainmem/backend/cuda/launch.cuh"
+#include "trainmem/core/math.hpp"
 
-namespace trainmem::cuda::detail {
+namespace trainmem::cuda::kernels {
+
+namespace device {
+// --- within one block --------------------------------------------------------------------
+struct SumOp {
+  template <class T>
+  __device__ __forceinline__ T operator()(T a, T b) const {
+    return a + b;
+  }
+};
+/// max as std::max computes it ((a < b) ? b : a), so NaN handling matches the CPU loops.
+struct MaxOp {
+  template <class T>
+  __device__ __forceinline__ T operator()(T a, T b) const {
+    return (a < b) ? b : a;
+  }
+};
+
+template <class T, class Combine>
+__device__ __forceinline__ T warp_all_reduce(T value, Combine combine) {
+  for (int offset = 16; offset > 0; offset >>= 1) value = combine(value, __shfl_xor_sync(0xffffffffu, value, offset));
+  return value;
+}
+
+/// Combines one value per thread over the block (blockDim.x a multiple of 32) and returns
+/// the result to every thread. The order of combination is fixed, so sums are reproducible.
+template <class T, class Combine>
+__device__ T block_all_reduce(T value, Combine combine, T identity) {
+  __shared__ T partial[32];
+  __shared__ T result;
+  const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
+  const int warps = static_cast<int>(blockDim.x + 31) >> 5;
+  value = warp_all_reduce(value, combine);
+  if (lane == 0) partial[warp] = value;
+  __syncthreads();
+  if (warp == 0) {
+    T combined = lane < warps ? partial[lane] : identity;
+    combined = warp_all_reduce(combined, combine);
+    if (lane == 0) result = combined;
+  }
+  __syncthreads();
+  const T out = result;
+  __syncthreads();  // the next call reuses partial and result
+  return out;
+}
+
+/// A row's maximum and sum of exp(x - max), reduced over the block (every thread gets
+/// both): the stable base of softmax and log-sum-exp.
+template <class Acc>
+struct MaxSumExp {
+  Acc max;
+  Acc sum;
+};
+template <class Acc, class T>
+__device__ MaxSumExp<Acc> block_max_and_sum_exp(const T* row, std::int64_t cols) {
+  Acc max = negative_infinity<Acc>();
+  for (std::int64_t c = threadIdx.x; c < cols; c += blockDim.x) max = MaxOp{}(max, load<Acc>(row, c));
+  max = block_all_reduce(max, MaxOp{}, negative_infinity<Acc>());
+  Acc sum = Acc(0);
+  for (std::int64_t c = threadIdx.x; c < cols; c += blockDim.x) sum += math::exp(load<Acc>(row, c) - max);
+  sum = block_all_reduce(sum, SumOp{}, Acc(0));
+  return {max, sum};
+}
+}  // namespace device
 
 // --- sum of all elements ----------------------------------------------------------------
 namespace device {
@@ -116,4 +183,4 @@ struct WidenedElement {
 };
 }  // namespace device
 
-}  // namespace trainmem::cuda::detail
+}  // namespace trainmem::cuda::kernels

@@ -1,15 +1,16 @@
-// trainmem/backend/cuda/amp_kernels.cuh — the loss scaler's device side, with no host sync per step.
+// trainmem/backend/cuda/kernels/loss_scale.cuh — the loss scaler's device side, with no host sync per step.
 //
-// The scale, the growth counter, the hysteresis counter and the found-inf flag are
-// one-element tensors on the device. Unscaling is one multi-tensor launch per up to
-// kMultiTensorCapacity gradients: the tensor list travels as a kernel parameter, each
-// block owns one chunk of one tensor, multiplies it by 1/scale in place and raises
-// found_inf if any stored result is not finite — which covers an inf or NaN gradient
-// and also a finite one that overflows its dtype when unscaled by a scale below 1. The
-// flag is only ever set, so several launches and several calls OR together. The scale update is a one-thread kernel
-// running update_scale_state, the same function the CPU backend calls. The
-// optimizer's fused pass (kernels.cuh, apply_update) reads the flag on the device and
-// does nothing when it is set; the host reads it only when the user asks.
+// The mirror of backend/cpu/kernels/loss_scale.hpp. The scale, the growth counter, the
+// hysteresis counter and the found-inf flag are one-element tensors on the device.
+// Unscaling is one multi-tensor launch per up to kMultiTensorCapacity gradients: the
+// tensor list travels as a kernel parameter, each block owns one chunk of one tensor,
+// multiplies it by 1/scale in place and raises found_inf if any stored result is not
+// finite — which covers an inf or NaN gradient and also a finite one that overflows
+// its dtype when unscaled by a scale below 1. The flag is only ever set, so several
+// launches and several calls OR together. The scale update is a one-thread kernel
+// running update_scale_state, the same function the CPU backend calls. The optimizer's
+// fused pass (kernels/update.cuh) reads the flag on the device and does nothing when
+// it is set; the host reads it only when the user asks.
 #pragma once
 
 #include <cstdint>
@@ -17,10 +18,9 @@
 
 #include "trainmem/backend/cuda/element_io.cuh"
 #include "trainmem/backend/cuda/launch.cuh"
-#include "trainmem/backend/cuda/reduce.cuh"
 #include "trainmem/core/loss_scale_rule.hpp"
 
-namespace trainmem::cuda::detail {
+namespace trainmem::cuda::kernels {
 
 inline constexpr int kMultiTensorCapacity = 48;           // tensors per launch (kernel parameters < 4 KB)
 inline constexpr std::int64_t kMultiTensorChunk = 16384;  // elements per block
@@ -117,27 +117,4 @@ inline void update_scale(const KernelContext& ctx, float* scale, std::int32_t* g
   TRAINMEM_CUDA_CHECK_LAUNCH("update_scale_kernel");
 }
 
-namespace device {
-template <class Acc, class T>
-struct SquaredElement {
-  const T* in;
-  __device__ Acc operator()(std::int64_t i) const {
-    const Acc x = load<Acc>(in, i);
-    return x * x;
-  }
-};
-
-template <class Acc, class TAcc>
-struct AddToAccumulator {
-  TAcc* accumulator;
-  __device__ void operator()(Acc total) const { accumulator[0] += static_cast<TAcc>(total); }
-};
-}  // namespace device
-
-/// accumulator[0] += sum(x^2), summed in the accumulator's type TAcc (f32, or f64).
-template <class T, class TAcc>
-void sum_squares(const KernelContext& ctx, const T* x, std::int64_t n, TAcc* accumulator) {
-  reduce_all<TAcc>(ctx, n, device::SquaredElement<TAcc, T>{x}, device::AddToAccumulator<TAcc, TAcc>{accumulator});
-}
-
-}  // namespace trainmem::cuda::detail
+}  // namespace trainmem::cuda::kernels

@@ -1,0 +1,49 @@
+// trainmem/backend/cpu/kernels/reduction.hpp — column sums, the sum of all elements, the sum of squares.
+//
+// Each sum runs in the accumulator type, in a fixed order per thread count: column
+// sums walk the rows in order, full sums are OpenMP reductions.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "trainmem/backend/cpu/kernels/parallel.hpp"
+#include "trainmem/core/dtype.hpp"
+
+namespace trainmem::cpu::kernels {
+
+/// out[c] = beta * out[c] + sum_r in[r, c].
+template <class TIn, class TOut>
+void sum_rows(const TIn* in, TOut* out, std::int64_t rows, std::int64_t cols, double beta) {
+  using Acc = AccumulatorFor<TIn, TOut>;
+  std::vector<Acc> acc(static_cast<std::size_t>(cols), Acc(0));
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < cols; ++c) acc[c] += static_cast<Acc>(detail::widen(in[r * cols + c]));
+  for (std::int64_t c = 0; c < cols; ++c) {
+    const Acc prior = beta == 0.0 ? Acc(0) : static_cast<Acc>(beta) * static_cast<Acc>(detail::widen(out[c]));
+    out[c] = detail::narrow<TOut>(prior + acc[c]);
+  }
+}
+
+template <class TIn, class TOut>
+void sum_all(const TIn* in, TOut* out, std::int64_t n) {
+  using Acc = AccumulatorFor<TIn, TOut>;
+  Acc total = 0;
+#pragma omp parallel for reduction(+ : total) if (n > kParallelGrain)
+  for (std::int64_t i = 0; i < n; ++i) total += static_cast<Acc>(detail::widen(in[i]));
+  out[0] = detail::narrow<TOut>(total);
+}
+
+/// accumulator[0] += sum of x[i]^2, summed in the accumulator's type.
+template <class T, class TAcc>
+void sum_squares(const T* x, TAcc* accumulator, std::int64_t n) {
+  TAcc total = 0;
+#pragma omp parallel for reduction(+ : total) if (n > kParallelGrain)
+  for (std::int64_t i = 0; i < n; ++i) {
+    const auto v = static_cast<TAcc>(detail::widen(x[i]));
+    total += v * v;
+  }
+  accumulator[0] += total;
+}
+
+}  // namespace trainmem::cpu::kernels

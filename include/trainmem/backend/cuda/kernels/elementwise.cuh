@@ -1,0 +1,162 @@
+// trainmem/backend/cuda/kernels/elementwise.cuh — out = op(in) and out = op(a, b) on the device.
+//
+// The mirror of backend/cpu/kernels/elementwise.hpp, with the same functors: grid-stride
+// loops that move 16 bytes per access when the pointers allow. When all operands share
+// a dtype there is one kernel per dtype; mixed dtypes go to one run-time-dtype kernel
+// per accumulator type instead of a kernel for every combination.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <type_traits>
+
+#include "trainmem/backend/cuda/element_io.cuh"
+#include "trainmem/backend/cuda/launch.cuh"
+#include "trainmem/core/math.hpp"
+
+namespace trainmem::cuda::kernels {
+
+inline bool any_f64(std::initializer_list<DType> dtypes) {
+  for (DType d : dtypes)
+    if (d == DType::F64) return true;
+  return false;
+}
+
+/// How b of a binary map lines up with a: same shape, one row of a's last extent, or a scalar.
+enum class Broadcast : int { Full, Row, Scalar };
+
+namespace device {
+template <class Op, class TIn, class TOut>
+__global__ void map_unary_kernel(Op op, const TIn* in, TOut* out, std::int64_t n, bool packed) {
+  using Acc = AccumulatorFor<TIn, TOut>;
+  constexpr int kPack = pack_width<TIn, TOut>();
+  std::int64_t scalar_from = 0;
+  if (packed) {
+    const std::int64_t packs = n / kPack;
+    const auto* in_packs = reinterpret_cast<const Pack<TIn, kPack>*>(in);
+    auto* out_packs = reinterpret_cast<Pack<TOut, kPack>*>(out);
+    for (std::int64_t p = global_thread(); p < packs; p += grid_stride()) {
+      const Pack<TIn, kPack> x = in_packs[p];
+      Pack<TOut, kPack> y;
+#pragma unroll
+      for (int j = 0; j < kPack; ++j) y.v[j] = narrow<TOut>(op(static_cast<Acc>(widen(x.v[j]))));
+      out_packs[p] = y;
+    }
+    scalar_from = packs * kPack;
+  }
+  for (std::int64_t i = scalar_from + global_thread(); i < n; i += grid_stride())
+    out[i] = narrow<TOut>(op(load<Acc>(in, i)));
+}
+
+template <class Op, class Acc>
+__global__ void map_unary_any_kernel(Op op, const void* in, DType in_dtype, void* out, DType out_dtype,
+                                     std::int64_t n) {
+  for (std::int64_t i = global_thread(); i < n; i += grid_stride())
+    store_as<Acc>(out, out_dtype, i, op(load_as<Acc>(in, in_dtype, i)));
+}
+
+template <class Op, class T>
+__global__ void map_binary_kernel(Op op, const T* a, const T* b, T* out, std::int64_t n, std::int64_t cols,
+                                  Broadcast mode, bool packed) {
+  using Acc = AccumulatorOf<T>;
+  constexpr int kPack = pack_width<T>();
+  std::int64_t scalar_from = 0;
+  if (packed) {  // the launcher guarantees alignment, and cols % kPack == 0 for Row
+    using P = Pack<T, kPack>;
+    const std::int64_t packs = n / kPack;
+    const auto* a_packs = reinterpret_cast<const P*>(a);
+    const auto* b_packs = reinterpret_cast<const P*>(b);
+    auto* out_packs = reinterpret_cast<P*>(out);
+    for (std::int64_t p = global_thread(); p < packs; p += grid_stride()) {
+      const P x = a_packs[p];
+      P y;
+      if (mode == Broadcast::Full) {
+        y = b_packs[p];
+      } else if (mode == Broadcast::Row) {
+        y = b_packs[(p * kPack % cols) / kPack];
+      } else {
+#pragma unroll
+        for (int j = 0; j < kPack; ++j) y.v[j] = b[0];
+      }
+      P z;
+#pragma unroll
+      for (int j = 0; j < kPack; ++j)
+        z.v[j] = narrow<T>(op(static_cast<Acc>(widen(x.v[j])), static_cast<Acc>(widen(y.v[j]))));
+      out_packs[p] = z;
+    }
+    scalar_from = packs * kPack;
+  }
+  for (std::int64_t i = scalar_from + global_thread(); i < n; i += grid_stride()) {
+    const std::int64_t bi = mode == Broadcast::Full ? i : mode == Broadcast::Row ? i % cols : 0;
+    out[i] = narrow<T>(op(load<Acc>(a, i), load<Acc>(b, bi)));
+  }
+}
+
+template <class Op, class Acc>
+__global__ void map_binary_any_kernel(Op op, const void* a, DType a_dtype, const void* b, DType b_dtype, void* out,
+                                      DType out_dtype, std::int64_t n, std::int64_t cols, Broadcast mode) {
+  for (std::int64_t i = global_thread(); i < n; i += grid_stride()) {
+    const std::int64_t bi = mode == Broadcast::Full ? i : mode == Broadcast::Row ? i % cols : 0;
+    store_as<Acc>(out, out_dtype, i, op(load_as<Acc>(a, a_dtype, i), load_as<Acc>(b, b_dtype, bi)));
+  }
+}
+}  // namespace device
+
+/// out = op(in) element-wise; a cast is map(Identity). Casts get a kernel per dtype pair.
+template <class Op>
+void map_unary(const KernelContext& ctx, Op op, DType in_dtype, const void* in, DType out_dtype, void* out,
+               std::int64_t n) {
+  if (n == 0) return;
+  constexpr bool kCast = std::is_same_v<Op, math::Identity>;
+  if (kCast || in_dtype == out_dtype) {
+    visit_floating(in_dtype, "map", [&]<class TI>() {
+      visit_floating(out_dtype, "map", [&]<class TO>() {
+        if constexpr (kCast || std::is_same_v<TI, TO>) {
+          constexpr int kPack = pack_width<TI, TO>();
+          const bool packed = pack_aligned<TI, kPack>(in) && pack_aligned<TO, kPack>(out);
+          device::map_unary_kernel<<<blocks_for(ctx, n, kPack), kThreads, 0, ctx.stream>>>(
+              op, static_cast<const TI*>(in), static_cast<TO*>(out), n, packed);
+          TRAINMEM_CUDA_CHECK_LAUNCH("map_unary_kernel");
+        }
+      });
+    });
+    return;
+  }
+  if (any_f64({in_dtype, out_dtype}))
+    device::map_unary_any_kernel<Op, double>
+        <<<blocks_for(ctx, n), kThreads, 0, ctx.stream>>>(op, in, in_dtype, out, out_dtype, n);
+  else
+    device::map_unary_any_kernel<Op, float>
+        <<<blocks_for(ctx, n), kThreads, 0, ctx.stream>>>(op, in, in_dtype, out, out_dtype, n);
+  TRAINMEM_CUDA_CHECK_LAUNCH("map_unary_any_kernel");
+}
+
+/// out = op(a, b) for a viewed as [rows, cols]; b has a's shape, is a row of cols, or a scalar.
+template <class Op>
+void map_binary(const KernelContext& ctx, Op op, DType a_dtype, const void* a, DType b_dtype, const void* b,
+                DType out_dtype, void* out, std::int64_t rows, std::int64_t cols, std::int64_t b_numel) {
+  const std::int64_t n = rows * cols;
+  if (n == 0) return;
+  const Broadcast mode = b_numel == n ? Broadcast::Full : b_numel == 1 ? Broadcast::Scalar : Broadcast::Row;
+  if (a_dtype == b_dtype && a_dtype == out_dtype) {
+    visit_floating(a_dtype, "map", [&]<class T>() {
+      constexpr int kPack = pack_width<T>();
+      const bool packed = pack_aligned<T, kPack>(a) && pack_aligned<T, kPack>(out) &&
+                          (mode == Broadcast::Scalar || pack_aligned<T, kPack>(b)) &&
+                          (mode != Broadcast::Row || cols % kPack == 0);
+      device::map_binary_kernel<<<blocks_for(ctx, n, kPack), kThreads, 0, ctx.stream>>>(
+          op, static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(out), n, cols, mode, packed);
+      TRAINMEM_CUDA_CHECK_LAUNCH("map_binary_kernel");
+    });
+    return;
+  }
+  if (any_f64({a_dtype, b_dtype, out_dtype}))
+    device::map_binary_any_kernel<Op, double>
+        <<<blocks_for(ctx, n), kThreads, 0, ctx.stream>>>(op, a, a_dtype, b, b_dtype, out, out_dtype, n, cols, mode);
+  else
+    device::map_binary_any_kernel<Op, float>
+        <<<blocks_for(ctx, n), kThreads, 0, ctx.stream>>>(op, a, a_dtype, b, b_dtype, out, out_dtype, n, cols, mode);
+  TRAINMEM_CUDA_CHECK_LAUNCH("map_binary_any_kernel");
+}
+
+}  // namespace trainmem::cuda::kernels

@@ -1,0 +1,71 @@
+// trainmem/backend/cuda/kernels/reduction.cuh — column sums, the sum of all elements, the sum of squares.
+//
+// The mirror of backend/cpu/kernels/reduction.hpp on the deterministic two-stage
+// reductions of reduce.cuh: the summands and the final rounding are the CPU loop's,
+// only the order of additions differs (a tree here), so results agree to rounding.
+#pragma once
+
+#include <cstdint>
+
+#include "trainmem/backend/cuda/element_io.cuh"
+#include "trainmem/backend/cuda/launch.cuh"
+#include "trainmem/backend/cuda/reduce.cuh"
+
+namespace trainmem::cuda::kernels {
+
+namespace device {
+template <class Acc, class TOut>
+struct StoreColumnSum {  // out[c] = beta out[c] + sum, as the CPU loop rounds it
+  TOut* out;
+  double beta;
+  __device__ void operator()(std::int64_t c, Acc sum) const {
+    const Acc prior = beta == 0.0 ? Acc(0) : static_cast<Acc>(beta) * load<Acc>(out, c);
+    out[c] = narrow<TOut>(prior + sum);
+  }
+};
+
+template <class Acc, class TOut>
+struct StoreTotal {
+  TOut* out;
+  __device__ void operator()(Acc total) const { out[0] = narrow<TOut>(total); }
+};
+}  // namespace device
+
+/// out[c] = beta out[c] + sum_r in[r, c].
+template <class TIn, class TOut>
+void sum_rows(const KernelContext& ctx, const TIn* in, TOut* out, std::int64_t rows, std::int64_t cols, double beta) {
+  using Acc = AccumulatorFor<TIn, TOut>;
+  reduce_columns<Acc>(ctx, rows, cols, device::WidenedElement<Acc, TIn>{in, cols},
+                      device::StoreColumnSum<Acc, TOut>{out, beta});
+}
+
+template <class TIn, class TOut>
+void sum_all(const KernelContext& ctx, const TIn* in, TOut* out, std::int64_t n) {
+  using Acc = AccumulatorFor<TIn, TOut>;
+  reduce_all<Acc>(ctx, n, device::WidenedElement<Acc, TIn>{in, 0}, device::StoreTotal<Acc, TOut>{out});
+}
+
+namespace device {
+template <class Acc, class T>
+struct SquaredElement {
+  const T* in;
+  __device__ Acc operator()(std::int64_t i) const {
+    const Acc x = load<Acc>(in, i);
+    return x * x;
+  }
+};
+
+template <class Acc, class TAcc>
+struct AddToAccumulator {
+  TAcc* accumulator;
+  __device__ void operator()(Acc total) const { accumulator[0] += static_cast<TAcc>(total); }
+};
+}  // namespace device
+
+/// accumulator[0] += sum(x^2), summed in the accumulator's type TAcc (f32, or f64).
+template <class T, class TAcc>
+void sum_squares(const KernelContext& ctx, const T* x, std::int64_t n, TAcc* accumulator) {
+  reduce_all<TAcc>(ctx, n, device::SquaredElement<TAcc, T>{x}, device::AddToAccumulator<TAcc, TAcc>{accumulator});
+}
+
+}  // namespace trainmem::cuda::kernels
