@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "trainmem/dist/data_parallel.hpp"
+#include "trainmem/dist/zero.hpp"
 #include "trainmem/trainmem.hpp"
 
 namespace dist_test {
@@ -80,9 +81,9 @@ inline std::vector<double> train_reference(int steps) {
   return weights(net);
 }
 
-/// This rank's slice of the global batch, in `micro` micro-batches per step, with
-/// DataParallel + AdamW. f32 throughout.
-inline std::vector<double> train_ranks(dist::Communicator<B>& comm, int steps, std::int64_t bucket_bytes,
+/// This rank's slice of the global batch, in `micro` micro-batches per step; stage 0 is
+/// DataParallel + AdamW, 1 and 2 ZeroOptimizer. f32 throughout.
+inline std::vector<double> train_ranks(dist::Communicator<B>& comm, int stage, int steps, std::int64_t bucket_bytes,
                                        int micro = 1) {
   TinyNet net;
   const std::int64_t rows = kGlobalBatch / comm.size(), first = comm.rank() * rows;
@@ -94,12 +95,22 @@ inline std::vector<double> train_ranks(dist::Communicator<B>& comm, int steps, s
       done();
     }
   };
-  dist::DataParallel<B> sync(comm, net.parameters(), dp);
-  optim::AdamW<B> opt(net.parameters(), adamw_options());
-  for (int s = 0; s < steps; ++s) {
-    opt.zero_grad();
-    local(s, [&] { sync.micro_batch_done(); });
-    opt.step();
+  if (stage == 0) {
+    dist::DataParallel<B> sync(comm, net.parameters(), dp);
+    optim::AdamW<B> opt(net.parameters(), adamw_options());
+    for (int s = 0; s < steps; ++s) {
+      opt.zero_grad();
+      local(s, [&] { sync.micro_batch_done(); });
+      opt.step();
+    }
+  } else {
+    dist::ZeroOptimizer<B> zero(comm, net.parameters(),
+                                {.stage = stage, .model_dtype = DType::F32, .data_parallel = dp}, adamw_options());
+    for (int s = 0; s < steps; ++s) {
+      zero.zero_grad();
+      local(s, [&] { zero.micro_batch_done(); });
+      zero.step();
+    }
   }
   return weights(net);
 }
