@@ -6,7 +6,7 @@
 # (only the front end's verdict matters), and the CTest case header_self_contained
 # rebuilds it. With CUDA, the .cuh headers and trainmem/cuda.hpp get the same check
 # as .cu TUs through nvcc (trainmem_header_check_cuda, a dependency of the first), and
-# trainmem/dist/mpi.hpp only where MPI was found.
+# trainmem/dist/mpi.hpp only where MPI was found (dist/nccl.cuh where NCCL was).
 include_guard(GLOBAL)
 
 # Writes one TU per header in `headers` (absolute paths under include/) into `out_dir`
@@ -51,11 +51,17 @@ function(trainmem_add_header_check)
     if(EXISTS "${include_root}/cuda.hpp")
       list(APPEND cuda_headers "${include_root}/cuda.hpp")
     endif()
+    if(TARGET trainmem::nccl)
+      list(APPEND cuda_headers "${include_root}/dist/nccl.cuh")
+    endif()
     if(cuda_headers)
       list(SORT cuda_headers)
       _trainmem_header_tus(cuda_tus "${out_dir}/cuda" ".cu" ${cuda_headers})
       add_library(trainmem_header_check_cuda OBJECT ${cuda_tus})
       target_link_libraries(trainmem_header_check_cuda PRIVATE trainmem::cuda)
+      if(TARGET trainmem::nccl)
+        target_link_libraries(trainmem_header_check_cuda PRIVATE trainmem::nccl)
+      endif()
       target_compile_options(trainmem_header_check_cuda PRIVATE -Xcompiler=-O0)
       add_dependencies(trainmem_header_check trainmem_header_check_cuda)
     endif()
