@@ -5,7 +5,8 @@
 # include guard. The TUs form the object library trainmem_header_check, built at -O0
 # (only the front end's verdict matters), and the CTest case header_self_contained
 # rebuilds it. With CUDA, the .cuh headers and trainmem/cuda.hpp get the same check
-# as .cu TUs through nvcc (trainmem_header_check_cuda, a dependency of the first).
+# as .cu TUs through nvcc (trainmem_header_check_cuda, a dependency of the first), and
+# trainmem/dist/mpi.hpp only where MPI was found (dist/nccl.cuh where NCCL was).
 include_guard(GLOBAL)
 
 # Writes one TU per header in `headers` (absolute paths under include/) into `out_dir`
@@ -31,11 +32,18 @@ function(trainmem_add_header_check)
   file(GLOB_RECURSE hpp_headers CONFIGURE_DEPENDS "${include_root}/*.hpp")
   # cuda.hpp reaches the .cuh headers, so only nvcc compiles it.
   list(REMOVE_ITEM hpp_headers "${include_root}/cuda.hpp")
+  # dist/mpi.hpp includes <mpi.h>: checked only where MPI was found.
+  if(NOT TARGET trainmem::mpi)
+    list(REMOVE_ITEM hpp_headers "${include_root}/dist/mpi.hpp")
+  endif()
   list(SORT hpp_headers)
   _trainmem_header_tus(cxx_tus "${out_dir}/cxx" ".cpp" ${hpp_headers})
 
   add_library(trainmem_header_check OBJECT ${cxx_tus})
   target_link_libraries(trainmem_header_check PRIVATE trainmem::trainmem)
+  if(TARGET trainmem::mpi)
+    target_link_libraries(trainmem_header_check PRIVATE trainmem::mpi)
+  endif()
   target_compile_options(trainmem_header_check PRIVATE -O0 -g0 -Wall -Wextra)
 
   if(TRAINMEM_WITH_CUDA)
@@ -43,11 +51,17 @@ function(trainmem_add_header_check)
     if(EXISTS "${include_root}/cuda.hpp")
       list(APPEND cuda_headers "${include_root}/cuda.hpp")
     endif()
+    if(TARGET trainmem::nccl)
+      list(APPEND cuda_headers "${include_root}/dist/nccl.cuh")
+    endif()
     if(cuda_headers)
       list(SORT cuda_headers)
       _trainmem_header_tus(cuda_tus "${out_dir}/cuda" ".cu" ${cuda_headers})
       add_library(trainmem_header_check_cuda OBJECT ${cuda_tus})
       target_link_libraries(trainmem_header_check_cuda PRIVATE trainmem::cuda)
+      if(TARGET trainmem::nccl)
+        target_link_libraries(trainmem_header_check_cuda PRIVATE trainmem::nccl)
+      endif()
       target_compile_options(trainmem_header_check_cuda PRIVATE -Xcompiler=-O0)
       add_dependencies(trainmem_header_check trainmem_header_check_cuda)
     endif()

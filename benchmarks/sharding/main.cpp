@@ -1,0 +1,172 @@
+// sharding — what ZeRO saves per rank, measured, next to the formulas.
+//
+//   for n in 1 2 4; do mpirun -np $n build/bin/sharding --json sharding_np$n.json; done
+//
+// A stack of pre-LN transformer blocks, BF16 weights with FP32 masters and AdamW, trained
+// data-parallel three ways: ZeRO-0 (DataParallel: every rank holds everything, 16Ψ),
+// ZeRO-1 (masters and moments sharded, 4Ψ + 12Ψ/N) and ZeRO-2 (gradients too,
+// 2Ψ + 14Ψ/N). After the gradients are reduced in the last step, each rank reads its
+// live bytes per category from MemoryStats; rank 0 prints them with the formula of each
+// category (weights 2Ψ; gradients 2Ψ or 2Ψ/N; masters 4Ψ or 4Ψ/N; moments 8Ψ or 8Ψ/N)
+// and the median step time per rank. Bytes beyond the formulas are the optimizer's
+// per-tensor step scalars (16 bytes per parameter or shard segment, a few more per optimizer) and
+// ceil(Ψ/N) rounding. Ranks share this machine's cores, so with more ranks than cores the
+// times measure correctness and memory, not speed.
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "trainmem/dist/mpi.hpp"
+#include "trainmem/dist/zero.hpp"
+#include "trainmem/trainmem.hpp"
+
+namespace tmem = trainmem;
+using B = tmem::cpu::Backend;
+
+namespace {
+
+constexpr std::array<tmem::MemCategory, 4> kCategories = {tmem::MemCategory::Parameter, tmem::MemCategory::Gradient,
+                                                          tmem::MemCategory::MasterWeight,
+                                                          tmem::MemCategory::OptimizerState};
+
+struct Settings {
+  std::int64_t blocks = 2, dim = 64, heads = 4, hidden = 256, batch = 2, tokens = 16, steps = 4;
+  std::int64_t bucket_bytes = std::int64_t{1} << 16;
+};
+
+/// Per category, the bytes the ZeRO paper's accounting gives one rank of n.
+std::array<double, 4> formula(int stage, double psi, double n) {
+  return {2 * psi, stage == 2 ? 2 * psi / n : 2 * psi, stage >= 1 ? 4 * psi / n : 4 * psi,
+          stage >= 1 ? 8 * psi / n : 8 * psi};
+}
+
+struct Measured {
+  std::array<double, 4> bytes{};
+  double step_ms = 0;
+};
+
+Measured run(tmem::dist::Communicator<B>& comm, const Settings& s, int stage, double& psi) {
+  tmem::MemoryStats& stats = B::default_instance().memory();
+  std::array<std::int64_t, 4> base{};
+  for (std::size_t c = 0; c < 4; ++c) base[c] = stats.live(kCategories[c]);
+  tmem::nn::Init init(11);
+  std::vector<std::unique_ptr<tmem::nn::TransformerBlock<B>>> blocks;
+  std::vector<tmem::Var<B>> params;
+  for (std::int64_t b = 0; b < s.blocks; ++b) {
+    blocks.push_back(std::make_unique<tmem::nn::TransformerBlock<B>>(s.dim, s.heads, s.hidden, init, 0.0f,
+                                                                     tmem::DType::F32, "block" + std::to_string(b)));
+    for (const auto& p : blocks.back()->parameters()) params.push_back(p);
+  }
+  psi = 0;
+  for (const auto& p : params) psi += static_cast<double>(p.numel());
+  const tmem::optim::AdamWOptions adamw{.lr = 1e-3};
+  std::unique_ptr<tmem::dist::DataParallel<B>> sync;
+  std::unique_ptr<tmem::amp::MasterWeights<B>> masters;
+  std::unique_ptr<tmem::optim::AdamW<B>> plain;
+  std::unique_ptr<tmem::dist::ZeroOptimizer<B>> zero;
+  if (stage == 0) {
+    sync = std::make_unique<tmem::dist::DataParallel<B>>(
+        comm, params, tmem::dist::DataParallelOptions{.bucket_bytes = s.bucket_bytes});
+    masters = std::make_unique<tmem::amp::MasterWeights<B>>(params);
+    plain = std::make_unique<tmem::optim::AdamW<B>>(params, adamw);
+    masters->attach(*plain);
+  } else {
+    zero = std::make_unique<tmem::dist::ZeroOptimizer<B>>(
+        comm, params,
+        tmem::dist::ZeroOptions{
+            .stage = stage, .model_dtype = tmem::DType::BF16, .data_parallel = {.bucket_bytes = s.bucket_bytes}},
+        adamw);
+  }
+  Measured out;
+  std::vector<double> times;
+  for (std::int64_t step = 0; step < s.steps; ++step) {
+    const auto start = std::chrono::steady_clock::now();
+    for (const auto& p : params) p.zero_grad();
+    tmem::Tape<B> tape;
+    std::vector<float> x(static_cast<std::size_t>(s.batch * s.tokens * s.dim));
+    for (std::size_t i = 0; i < x.size(); ++i)
+      x[i] = 0.1f * static_cast<float>((i * 7 + static_cast<std::size_t>(step + comm.rank())) % 13) - 0.6f;
+    tmem::Var<B> h = tape.input(tmem::Tensor<B>::from_host({s.batch, s.tokens, s.dim}, x));
+    tmem::Var<B> loss;
+    {
+      tmem::amp::Autocast autocast(tmem::DType::BF16);
+      for (const auto& block : blocks) h = (*block)(h);
+      loss = tmem::mean(tmem::mul(h, h));
+    }
+    tape.backward(loss);
+    if (stage == 0) sync->average_gradients();
+    else zero->reduce_gradients();
+    for (std::size_t c = 0; c < 4; ++c)
+      out.bytes[c] = static_cast<double>(stats.live(kCategories[c]) - base[c]);  // final at the last step
+    if (stage == 0) plain->step();
+    else zero->step();
+    times.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+  }
+  std::sort(times.begin(), times.end());
+  out.step_ms = times[times.size() / 2];
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  tmem::dist::mpi::Environment environment(&argc, &argv);
+  return tmem::dist::mpi::run([&] {
+    Settings s;
+    std::string json_path;
+    CLI::App app("Per-rank model-state bytes of ZeRO-0/1/2 against the formulas (run under mpirun)");
+    app.add_option("--json", json_path, "write the figures to this file (rank 0)");
+    app.add_option("--blocks", s.blocks, "transformer blocks");
+    app.add_option("--dim", s.dim, "model width");
+    app.add_option("--steps", s.steps, "steps per configuration");
+    app.add_option("--bucket-bytes", s.bucket_bytes, "communication bucket (bytes)");
+    try {
+      app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+      return app.exit(e);
+    }
+    s.hidden = 4 * s.dim;
+    tmem::dist::mpi::Communicator comm;
+    const int n = comm.size();
+    nlohmann::json report = {{"ranks", n}, {"blocks", s.blocks}, {"dim", s.dim}, {"bucket_bytes", s.bucket_bytes}};
+    const char* names[] = {"parameter", "gradient", "master_weight", "optimizer_state"};
+    if (comm.rank() == 0)
+      std::printf("%d rank(s), %lld blocks of width %lld, bucket %lld bytes\n%-6s %4s %-16s %12s %14s %10s\n", n,
+                  static_cast<long long>(s.blocks), static_cast<long long>(s.dim),
+                  static_cast<long long>(s.bucket_bytes), "stage", "rank", "category", "bytes", "formula", "step ms");
+    for (int stage : {0, 1, 2}) {
+      double psi = 0;
+      const Measured mine = run(comm, s, stage, psi);
+      std::vector<Measured> all(static_cast<std::size_t>(n));
+      comm.all_gather_host(std::as_bytes(std::span(&mine, 1)), std::as_writable_bytes(std::span(all)));
+      report["psi"] = psi;
+      const std::array<double, 4> f = formula(stage, psi, n);
+      for (int r = 0; r < n; ++r) {
+        nlohmann::json rank = {{"rank", r}, {"step_ms", all[static_cast<std::size_t>(r)].step_ms}};
+        double total = 0, total_formula = 0;
+        for (std::size_t c = 0; c < 4; ++c) {
+          const double b = all[static_cast<std::size_t>(r)].bytes[c];
+          rank["bytes"][names[c]] = b;
+          rank["formula"][names[c]] = f[c];
+          total += b;
+          total_formula += f[c];
+          if (comm.rank() == 0)
+            std::printf("ZeRO-%d %4d %-16s %12.0f %14.1f %10.2f\n", stage, r, names[c], b, f[c],
+                        all[static_cast<std::size_t>(r)].step_ms);
+        }
+        rank["bytes"]["total"] = total;
+        rank["formula"]["total"] = total_formula;
+        if (comm.rank() == 0) std::printf("ZeRO-%d %4d %-16s %12.0f %14.1f\n", stage, r, "total", total, total_formula);
+        report["stages"][std::to_string(stage)].push_back(rank);
+      }
+    }
+    if (comm.rank() == 0 && !json_path.empty()) std::ofstream(json_path) << report.dump(2) << "\n";
+    return 0;
+  });
+}

@@ -1,0 +1,287 @@
+// trainmem/dist/zero.hpp — ZeRO-1 and ZeRO-2: each rank keeps optimizer state for its shard only.
+//
+// In mixed-precision AdamW a parameter costs 16 bytes: 2 (16-bit weight) + 2 (gradient)
+// + 4 (f32 master) + 8 (two f32 moments). Data parallelism keeps all 16 on every rank.
+// Here rank r owns the contiguous shard r of the flat parameter space
+// (dist/flat_layout.hpp) and keeps the masters and moments of that shard only; ZeRO-2
+// keeps only the shard's gradient too. Per rank, with Ψ parameters on N ranks:
+//   ZeRO-1: 2Ψ weights + 2Ψ gradients + 12Ψ/N          = 4Ψ + 12Ψ/N bytes
+//   ZeRO-2: 2Ψ weights + (2 + 12)Ψ/N                  = 2Ψ + 14Ψ/N bytes
+// (ZeRO-2's full gradients still exist from backward until reduce_gradients(): without
+// overlap of communication and backward they are freed only then.)
+//
+// The weights move into one flat buffer, each parameter's value a view into it, so a
+// shard is one contiguous range and the updated 16-bit weights come back with one
+// in-place all-gather per bucket. A shard cuts parameters into segments; each segment
+// is a parameter of an ordinary optimizer (AdamW by default) with its master in the
+// shard's f32 buffer, so the step is the existing fused pass (unscale, skip on
+// found_inf, update, 16-bit copy with the configured rounding). A rank with an empty
+// shard (Ψ < N ranks' worth) gets one empty segment and still joins every collective.
+//
+// With a GradScaler, step(scaler) unscales the shard, sums the ranks' found-inf flags
+// (one all-reduce), so every rank skips the same steps and the scalers stay equal, and
+// clips with a global norm: each rank's sum of squares, gathered and added in rank
+// order, so every rank gets the same norm to the bit.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "trainmem/amp/grad_scaler.hpp"
+#include "trainmem/autograd/grad_mode.hpp"
+#include "trainmem/core/stochastic_rounding.hpp"
+#include "trainmem/dist/data_parallel.hpp"
+#include "trainmem/optim/adamw.hpp"
+
+namespace trainmem::dist {
+
+/// \brief What a ZeroOptimizer shards and how it stores the weights.
+struct ZeroOptions {
+  int stage = 1;  // 1: masters and optimizer state; 2: gradients too
+  /// f32: the weights are the optimizer's target (no masters). f16/bf16: the model
+  /// copies are 16-bit and each rank keeps f32 masters of its shard.
+  DType model_dtype = DType::BF16;
+  RoundingMode rounding = RoundingMode::NearestEven;  // of the 16-bit copies
+  std::uint64_t seed = 0;                             // stochastic rounding's seed
+  DataParallelOptions data_parallel = {};             // bucket size, accumulation
+};
+
+/// \brief An optimizer (AdamW by default) whose state is sharded over the ranks of `comm`.
+template <class B, class Optimizer = optim::AdamW<B>>
+class ZeroOptimizer {
+ public:
+  /// A collective. Checks the ranks' parameter lists, takes rank 0's weights, moves the
+  /// weights into one flat buffer of `options.model_dtype` and builds this rank's shard.
+  template <class OptimizerOptions>
+  ZeroOptimizer(Communicator<B>& comm, std::vector<Var<B>> params, ZeroOptions options,
+                OptimizerOptions optimizer_options)
+      : dp_(comm, std::move(params), options.data_parallel),
+        options_(options),
+        shard_(shard_range(dp_.layout().total(), comm.rank(), comm.size())) {
+    trainmem::detail::check(options.stage == 1 || options.stage == 2, "dist::ZeroOptimizer: stage must be 1 or 2, got ",
+                            options.stage);
+    trainmem::detail::check(options.model_dtype == DType::F32 || is_16bit(options.model_dtype),
+                            "dist::ZeroOptimizer: the model dtype must be f32, f16 or bf16, got ", options.model_dtype);
+    const auto& ps = dp_.params();
+    trainmem::detail::check(!ps.empty(), "dist::ZeroOptimizer: no parameters");
+    for (const Var<B>& p : ps)
+      trainmem::detail::check(p.dtype() == DType::F32 || p.dtype() == options.model_dtype, "dist::ZeroOptimizer: '",
+                              p.name(), "' is ", p.dtype(), "; expected f32 or the model dtype ", options.model_dtype);
+    NoGradGuard no_grad;
+    B& backend = ps.front().value().backend();
+    const bool masters = options.model_dtype != DType::F32;
+    if (masters) master_ = Tensor<B>::empty(Shape{shard_.size()}, DType::F32, MemCategory::MasterWeight, backend);
+    flat_ = Tensor<B>::empty(Shape{dp_.layout().total()}, options.model_dtype, MemCategory::Parameter, backend);
+    const FlatLayout& layout = dp_.layout();
+    if (masters) {  // from the values as given: an f32 parameter keeps every bit in its master
+      layout.for_each_piece(shard_, [&](const Piece& piece) {
+        const std::int64_t at = layout.offset(piece.param) + piece.param_offset - shard_.begin;
+        backend.map(math::Identity{},
+                    flat_view(ps[piece.param].value(), piece.param_offset, piece.param_offset + piece.count),
+                    master_.slice(at, at + piece.count));
+      });
+    }
+    for (std::size_t i = 0; i < ps.size(); ++i) {
+      const Tensor<B> view = flat_view(flat_, layout.offset(i), layout.offset(i) + layout.numel(i));
+      backend.map(math::Identity{}, ps[i].value().reshape(Shape{layout.numel(i)}), view);
+      ps[i].impl().value = view.reshape(ps[i].shape());
+      ps[i].zero_grad();
+    }
+    if (options.stage == 2)
+      grad_shard_ = Tensor<B>::zeros(Shape{shard_.size()}, options.model_dtype, MemCategory::Gradient, backend);
+
+    std::vector<Var<B>> segments;
+    layout.for_each_piece(shard_, [&](const Piece& piece) {
+      const std::int64_t begin = layout.offset(piece.param) + piece.param_offset;
+      segments_.push_back({piece, begin - shard_.begin});
+      segments.push_back(Var<B>::parameter(flat_view(flat_, begin, begin + piece.count),
+                                           ps[piece.param].name() + "[" + std::to_string(piece.param_offset) + ":" +
+                                               std::to_string(piece.param_offset + piece.count) + "]"));
+    });
+    if (segments.empty()) {  // an empty shard still steps (and checks) like the others
+      segments_.push_back({Piece{0, 0, 0, 0}, 0});
+      segments.push_back(Var<B>::parameter(flat_view(flat_, 0, 0), "empty shard"));
+    }
+    optimizer_ = std::make_unique<Optimizer>(std::move(segments), optimizer_options);
+    if (masters) {
+      for (std::size_t i = 0; i < segments_.size(); ++i)
+        optimizer_->set_master(
+            i, master_.slice(segments_[i].shard_offset, segments_[i].shard_offset + segments_[i].piece.count));
+      optimizer_->set_copy_rounding(options.rounding, options.seed);
+    }
+  }
+
+  /// Drops every parameter's gradient (before the first micro-batch of a step).
+  void zero_grad() {
+    for (const Var<B>& p : dp_.params()) p.zero_grad();
+  }
+
+  /// Call after each micro-batch's backward; on the last of accumulation_steps it
+  /// reduces the gradients (see reduce_gradients) and returns true.
+  bool micro_batch_done() {
+    if (++micro_batches_ < options_.data_parallel.accumulation_steps) return false;
+    reduce_gradients();
+    return true;
+  }
+
+  /// Averages the gradients over ranks (a collective). ZeRO-1: every gradient becomes
+  /// the average, as in DataParallel. ZeRO-2: this rank's shard of the average lands in
+  /// the shard's gradient buffer and the full gradients are freed.
+  void reduce_gradients() {
+    micro_batches_ = 0;
+    NoGradGuard no_grad;
+    if (options_.stage == 1) {
+      dp_.average_gradients();
+      for (std::size_t i = 0; i < segments_.size(); ++i) {
+        const Piece& piece = segments_[i].piece;
+        optimizer_->entries()[i].param.set_grad(
+            piece.count == 0
+                ? flat_view(dp_.params()[0].grad(), 0, 0)
+                : flat_view(dp_.params()[piece.param].grad(), piece.param_offset, piece.param_offset + piece.count));
+      }
+      return;
+    }
+    scatter_gradients();
+    for (const Var<B>& p : dp_.params()) p.zero_grad();
+    for (std::size_t i = 0; i < segments_.size(); ++i)
+      optimizer_->entries()[i].param.set_grad(
+          grad_shard_.slice(segments_[i].shard_offset, segments_[i].shard_offset + segments_[i].piece.count));
+  }
+
+  /// Steps the shard and all-gathers the updated weights; returns true (no scaler, no skip).
+  /// `max_grad_norm` >= 0 clips first with the global norm.
+  bool step(double max_grad_norm = -1) {
+    require_reduced();
+    clip(max_grad_norm);
+    optimizer_->step();
+    finish(true);
+    return true;
+  }
+  /// As step(), with a loss scaler: the gradients are unscaled, the ranks agree on
+  /// found-inf and every rank steps or skips together. Returns whether it stepped.
+  /// Call scaler.update() afterwards, as with one process.
+  bool step(amp::GradScaler<B>& scaler, double max_grad_norm = -1) {
+    if (!scaler.is_enabled()) return step(max_grad_norm);
+    require_reduced();
+    scaler.unscale_(*optimizer_);
+    dp_.communicator().all_reduce_sum(scaler.found_inf(*optimizer_));
+    clip(max_grad_norm);
+    const bool stepped = scaler.step(*optimizer_);
+    finish(stepped);
+    return stepped;
+  }
+
+  /// The global 2-norm of the reduced gradients (a collective; the same on every rank).
+  double grad_norm() {
+    B& backend = flat_.backend();
+    Tensor<B> sum_sq = Tensor<B>::zeros(Shape{}, DType::F64, MemCategory::Temporary, backend);
+    for (const auto& e : optimizer_->entries())
+      if (e.param.grad().defined() && e.param.grad().numel() > 0) backend.sum_squares(e.param.grad(), sum_sq);
+    const double mine = sum_sq.template to_host<double>()[0];
+    std::vector<double> all(static_cast<std::size_t>(dp_.communicator().size()));
+    dp_.communicator().all_gather_host(std::as_bytes(std::span(&mine, 1)), std::as_writable_bytes(std::span(all)));
+    double total = 0;
+    for (double s : all) total += s;
+    return std::sqrt(total);
+  }
+
+  /// The optimizer of this rank's shard (its parameters are the shard's segments).
+  Optimizer& shard_optimizer() { return *optimizer_; }
+  const Optimizer& shard_optimizer() const { return *optimizer_; }
+  /// This rank's range of the flat parameter space.
+  Range shard() const { return shard_; }
+  /// The shard's f32 masters (undefined with an f32 model) and, for ZeRO-2, its gradient.
+  const Tensor<B>& masters() const { return master_; }
+  const Tensor<B>& shard_gradient() const { return grad_shard_; }
+  /// Every weight, as one flat tensor of the model dtype (the parameters are views of it).
+  const Tensor<B>& flat_weights() const { return flat_; }
+  const std::vector<Var<B>>& params() const { return dp_.params(); }
+  const ZeroOptions& options() const { return options_; }
+
+ private:
+  struct Segment {
+    Piece piece;                // which part of which parameter
+    std::int64_t shard_offset;  // where it starts in the shard
+  };
+
+  /// Reduce-scatters each window of the gradients so that this rank receives the sum of
+  /// its shard's part, divided by size() * accumulation_steps, in the shard gradient.
+  void scatter_gradients() {
+    Communicator<B>& comm = dp_.communicator();
+    const FlatLayout& layout = dp_.layout();
+    B& backend = flat_.backend();
+    const double divisor =
+        static_cast<double>(comm.size()) * static_cast<double>(options_.data_parallel.accumulation_steps);
+    const std::int64_t bucket = std::min(layout.total(), dp_.bucket_elements());
+    const Tensor<B> sums = Tensor<B>::empty(Shape{bucket}, DType::F32, MemCategory::Gradient, backend);
+    const Tensor<B> received =
+        Tensor<B>::empty(Shape{std::min(bucket, shard_.size())}, DType::F32, MemCategory::Gradient, backend);
+    FlatLayout::for_each_window(Range{0, layout.total()}, bucket, [&](Range window) {
+      const Tensor<B> in = sums.slice(0, window.size());
+      layout.for_each_piece(window, [&](const Piece& piece) {
+        const Tensor<B> out = in.slice(piece.window_offset, piece.window_offset + piece.count);
+        const Tensor<B>& grad = dp_.params()[piece.param].grad();
+        if (grad.defined())
+          backend.map(math::Identity{}, flat_view(grad, piece.param_offset, piece.param_offset + piece.count), out);
+        else out.zero_();
+      });
+      const std::vector<std::int64_t> counts = shard_counts(window, layout.total(), comm.size());
+      const std::int64_t mine = counts[static_cast<std::size_t>(comm.rank())];
+      const Tensor<B> part = received.slice(0, mine);
+      comm.reduce_scatter_sum(in, part, counts);
+      if (mine == 0) return;
+      if (divisor != 1.0) backend.map(math::Scale{1.0 / divisor}, part, part);
+      const std::int64_t at = std::max(window.begin, shard_.begin) - shard_.begin;
+      backend.map(math::Identity{}, part, grad_shard_.slice(at, at + mine));
+    });
+    grad_shard_.bump_version();
+  }
+
+  void require_reduced() const {
+    for (const auto& e : optimizer_->entries())
+      trainmem::detail::check(e.param.grad().defined(), "dist::ZeroOptimizer::step: '", e.param.name(),
+                              "' has no reduced gradient; call reduce_gradients() (or micro_batch_done()) first");
+  }
+
+  void clip(double max_grad_norm) {
+    if (max_grad_norm < 0) return;
+    const double norm = grad_norm();
+    const double coefficient = max_grad_norm / (norm + 1e-6);  // optim::clip_grad_norm's rule
+    if (!std::isfinite(norm) || coefficient >= 1.0) return;
+    for (const auto& e : optimizer_->entries()) {
+      const Tensor<B>& g = e.param.grad();
+      if (!g.defined() || g.numel() == 0) continue;
+      g.backend().map(math::Scale{coefficient}, g, g);
+      g.bump_version();
+    }
+  }
+
+  /// After a step: every rank's updated shard goes to every other rank, bucket by bucket,
+  /// and the shard's gradients (views, or f32 copies unscale_ made) are let go.
+  void finish(bool stepped) {
+    if (stepped) {
+      Communicator<B>& comm = dp_.communicator();
+      const std::int64_t total = dp_.layout().total();
+      FlatLayout::for_each_window(Range{0, total}, dp_.bucket_elements(), [&](Range window) {
+        comm.all_gather(flat_.slice(window.begin, window.end), shard_counts(window, total, comm.size()));
+      });
+    }
+    optimizer_->zero_grad();
+  }
+
+  DataParallel<B> dp_;
+  ZeroOptions options_;
+  Range shard_;
+  Tensor<B> flat_, master_, grad_shard_;
+  std::vector<Segment> segments_;
+  std::unique_ptr<Optimizer> optimizer_;
+  std::int64_t micro_batches_ = 0;
+};
+
+}  // namespace trainmem::dist

@@ -1,0 +1,288 @@
+// tests/dist/mpi/test_dist_mpi.cpp — data parallelism and ZeRO over MPI, one scenario per run.
+//
+//   mpirun -np N test_dist_mpi <equivalence|overflow|empty_shard|memory|mismatch|abort>
+//
+// Each rank checks its own results and throws on a failure; dist::mpi::run then names
+// the rank and aborts the job, so a failed check can never leave the others waiting.
+// The references are independent: one process training on the whole global batch
+// (no communicator), the ZeRO byte formulas, bitwise snapshots taken before a step.
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "../dist_model.hpp"
+#include "trainmem/dist/mpi.hpp"
+
+using namespace dist_test;
+
+namespace {
+
+template <class... Args>
+void require(bool ok, const Args&... what) {
+  trainmem::detail::check(ok, "check failed: ", what...);
+}
+
+/// Every rank's `values` equal rank 0's, bit for bit.
+void require_same_on_every_rank(dist::Communicator<B>& comm, const std::vector<double>& values, const char* what) {
+  std::vector<double> all(values.size() * static_cast<std::size_t>(comm.size()));
+  comm.all_gather_host(std::as_bytes(std::span(values)), std::as_writable_bytes(std::span(all)));
+  for (int q = 0; q < comm.size(); ++q)
+    require(std::memcmp(all.data() + q * values.size(), values.data(), values.size() * sizeof(double)) == 0, what,
+            ": rank ", q, " differs from rank ", comm.rank());
+}
+
+/// max |got - want| <= 1e-6 max |want|: relative to the weights' scale, since the f32 gradient sums
+/// of N ranks round differently from one process's (a weight near 0 differs by a few ulps of the others).
+void require_close(const std::vector<double>& got, const std::vector<double>& want, const std::string& what) {
+  require(got.size() == want.size(), what, ": sizes differ");
+  double worst = 0, scale = 0;
+  std::size_t at = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    scale = std::max(scale, std::abs(want[i]));
+    if (std::abs(got[i] - want[i]) > worst) worst = std::abs(got[i] - want[i]), at = i;
+  }
+  require(worst <= 1e-6 * scale, what, ": weight ", at, " is ", got[at], ", one process has ", want[at],
+          " (difference ", worst / scale, " of the largest weight, > 1e-6)");
+}
+
+/// 20 AdamW steps on N ranks equal one process on the global batch (≤ 1e-6 relative),
+/// bitwise between two runs and across ranks; with and without accumulation.
+int equivalence(dist::mpi::Communicator& comm) {
+  const std::vector<double> reference = train_reference(20);
+  for (int stage : {0, 1, 2}) {
+    for (int micro : {1, 2}) {
+      const std::string what = "stage " + std::to_string(stage) + ", " + std::to_string(micro) + " micro-batches";
+      const std::vector<double> first = train_ranks(comm, stage, 20, 64, micro);
+      const std::vector<double> second = train_ranks(comm, stage, 20, 64, micro);
+      require(first == second, what, ": two runs differ");
+      require_same_on_every_rank(comm, first, what.c_str());
+      require_close(first, reference, what);
+    }
+  }
+  return 0;
+}
+
+/// Everything an overflow must leave unchanged, as raw bits.
+std::vector<double> snapshot(const std::vector<Var<B>>& params, const optim::Optimizer<B>& opt) {
+  std::vector<double> out;
+  const auto add = [&](const Tensor<B>& t) {
+    if (!t.defined()) return;
+    for (double v : t.to_host<double>()) out.push_back(v);
+  };
+  for (const auto& p : params) add(p.value());
+  for (const auto& e : opt.entries()) {
+    add(e.master);
+    add(e.state1);
+    add(e.state2);
+    add(e.step_state);
+  }
+  return out;
+}
+
+/// FP16 with an inf injected into the last rank's gradient at step 3: every rank skips
+/// that step and leaves weights, masters and optimizer state bitwise unchanged, and
+/// every scaler backs off; the steps around it apply.
+int overflow(dist::mpi::Communicator& comm) {
+  for (int stage : {0, 1, 2}) {
+    TinyNet net;
+    amp::GradScaler<B> scaler(DType::F16, {.init_scale = 1024});
+    const std::int64_t rows = kGlobalBatch / comm.size(), first = comm.rank() * rows;
+    std::unique_ptr<dist::DataParallel<B>> sync;
+    std::unique_ptr<amp::MasterWeights<B>> masters;
+    std::unique_ptr<optim::AdamW<B>> plain;
+    std::unique_ptr<dist::ZeroOptimizer<B>> zero;
+    if (stage == 0) {
+      sync = std::make_unique<dist::DataParallel<B>>(comm, net.parameters(),
+                                                     dist::DataParallelOptions{.bucket_bytes = 64});
+      masters = std::make_unique<amp::MasterWeights<B>>(net.parameters(),
+                                                        amp::MasterWeightsOptions{.model_dtype = DType::F16});
+      plain = std::make_unique<optim::AdamW<B>>(net.parameters(), adamw_options());
+      masters->attach(*plain);
+    } else {
+      zero = std::make_unique<dist::ZeroOptimizer<B>>(
+          comm, net.parameters(),
+          dist::ZeroOptions{.stage = stage, .model_dtype = DType::F16, .data_parallel = {.bucket_bytes = 64}},
+          adamw_options());
+    }
+    optim::Optimizer<B>& opt = stage == 0 ? static_cast<optim::Optimizer<B>&>(*plain) : zero->shard_optimizer();
+    for (int s = 0; s < 6; ++s) {
+      for (const auto& p : net.parameters()) p.zero_grad();
+      backward(net, first, first + rows, s, DType::F16, &scaler);
+      if (s == 3 && comm.rank() == comm.size() - 1) {  // an element of rank 0's shard
+        const Var<B> p = net.parameters()[0];
+        std::vector<double> g = p.grad().to_host<double>();
+        g[0] = INFINITY;
+        p.set_grad(Tensor<B>::from_host(p.shape(), g, DType::F16, MemCategory::Gradient));
+      }
+      const std::vector<double> before = snapshot(net.parameters(), opt);
+      bool stepped = false;
+      if (stage == 0) {
+        sync->average_gradients();
+        stepped = scaler.step(*plain);
+      } else {
+        zero->reduce_gradients();
+        stepped = zero->step(scaler);
+      }
+      scaler.update();
+      const std::string what = "stage " + std::to_string(stage) + " step " + std::to_string(s);
+      require(stepped == (s != 3), what, ": stepped is ", stepped);
+      if (s == 3) {
+        require(snapshot(net.parameters(), opt) == before, what, ": a skipped step changed the state");
+        require(scaler.get_scale() == 512.0, what, ": the scale is ", scaler.get_scale(), ", not 512");
+      }
+    }
+    require_same_on_every_rank(comm, weights(net), ("stage " + std::to_string(stage) + " weights").c_str());
+  }
+  return 0;
+}
+
+/// w x ≈ 2x with one weight (Ψ = 1): every rank but 0 has an empty shard.
+int empty_shard(dist::mpi::Communicator& comm) {
+  const auto train = [&](dist::Communicator<B>* c, int stage) {
+    nn::Init init(3);
+    nn::Linear<B> fc(1, 1, init, false, DType::F32, "fc");
+    const std::int64_t n = c ? c->size() : 1, r = c ? c->rank() : 0, rows = kGlobalBatch / n;
+    std::unique_ptr<dist::ZeroOptimizer<B>> zero;
+    std::unique_ptr<optim::AdamW<B>> plain;
+    if (c) {
+      zero = std::make_unique<dist::ZeroOptimizer<B>>(
+          *c, fc.parameters(), dist::ZeroOptions{.stage = stage, .model_dtype = DType::F32}, adamw_options());
+      require(zero->shard().empty() == (r > 0), "rank ", r, "'s shard is [", zero->shard().begin, ", ",
+              zero->shard().end, ")");
+    } else {
+      plain = std::make_unique<optim::AdamW<B>>(fc.parameters(), adamw_options());
+    }
+    for (int s = 0; s < 20; ++s) {
+      fc.weight().zero_grad();
+      std::vector<double> x, y;
+      for (std::int64_t i = r * rows; i < (r + 1) * rows; ++i) {
+        x.push_back(std::cos(0.5 * static_cast<double>(i + s)));
+        y.push_back(2 * x.back());
+      }
+      Tape<B> tape;
+      const Var<B> d = sub(fc(tape.input(Tensor<B>::from_host(Shape{rows, 1}, x))),
+                           tape.input(Tensor<B>::from_host(Shape{rows, 1}, y)));
+      tape.backward(mean(mul(d, d)));
+      if (zero) {
+        zero->reduce_gradients();
+        zero->step(0.5);  // with global-norm clipping: an empty shard adds 0 to the norm
+      } else {
+        optim::clip_grad_norm(fc.parameters(), 0.5);
+        plain->step();
+      }
+    }
+    return fc.weight().value().to_host<double>();
+  };
+  const std::vector<double> reference = train(nullptr, 0);
+  for (int stage : {1, 2}) {
+    const std::vector<double> w = train(&comm, stage);
+    require_same_on_every_rank(comm, w, "empty-shard weights");
+    require_close(w, reference, "empty shard, stage " + std::to_string(stage));
+  }
+  return 0;
+}
+
+/// Per-rank bytes of weights + gradients + masters + optimizer state, BF16 AdamW, after
+/// the gradients are reduced: 4Ψ + 12Ψ/N (ZeRO-1), 2Ψ + 14Ψ/N (ZeRO-2), within one bucket.
+int memory(dist::mpi::Communicator& mpi) {
+  constexpr std::int64_t kBucket = 256;
+  dist::SingleProcess<B> one;
+  for (dist::Communicator<B>* comm :
+       {static_cast<dist::Communicator<B>*>(&one), static_cast<dist::Communicator<B>*>(&mpi)}) {
+    for (int stage : {1, 2}) {
+      const MemoryStats& stats = B::default_instance().memory();
+      const auto model_state = [&] {
+        return stats.live(MemCategory::Parameter) + stats.live(MemCategory::Gradient) +
+               stats.live(MemCategory::MasterWeight) + stats.live(MemCategory::OptimizerState);
+      };
+      const std::int64_t base = model_state();
+      nn::Init init(5);
+      nn::Linear<B> fc1(64, 48, init, true, DType::F32, "fc1"), fc2(48, 10, init, true, DType::F32, "fc2");
+      std::vector<Var<B>> params = fc1.parameters();
+      for (const auto& p : fc2.parameters()) params.push_back(p);
+      const double psi = 64 * 48 + 48 + 48 * 10 + 10, n = comm->size();
+      dist::ZeroOptimizer<B> zero(
+          *comm, params, {.stage = stage, .model_dtype = DType::BF16, .data_parallel = {.bucket_bytes = kBucket}},
+          adamw_options());
+      std::int64_t measured = 0;
+      for (int s = 0; s < 2; ++s) {
+        zero.zero_grad();
+        Tape<B> tape;
+        auto [x, labels] = [&] {
+          std::vector<double> v(4 * 64), l(4);
+          for (std::size_t i = 0; i < v.size(); ++i) v[i] = std::sin(0.1 * static_cast<double>(i + s));
+          for (std::size_t i = 0; i < l.size(); ++i) l[i] = static_cast<double>(i % 10);
+          return std::pair{Tensor<B>::from_host(Shape{4, 64}, v), Tensor<B>::from_host(Shape{4}, l, DType::I32)};
+        }();
+        Var<B> loss;
+        {
+          amp::Autocast guard(DType::BF16);
+          loss = cross_entropy(fc2(tanh(fc1(tape.input(x)))), labels);
+        }
+        tape.backward(loss);
+        zero.reduce_gradients();
+        measured = model_state() - base;  // masters and moments exist from the first step on
+        zero.step();
+      }
+      const double formula = stage == 1 ? 4 * psi + 12 * psi / n : 2 * psi + 14 * psi / n;
+      std::printf("rank %d of %d, ZeRO-%d: %lld bytes of model state, formula %.1f\n", comm->rank(), comm->size(),
+                  stage, static_cast<long long>(measured), formula);
+      require(std::abs(static_cast<double>(measured) - formula) <= kBucket, "ZeRO-", stage, " on ", comm->size(),
+              " ranks: ", measured, " bytes, formula ", formula);
+    }
+  }
+  return 0;
+}
+
+/// The last rank's model differs: every rank throws an Error that names it and how.
+int mismatch(dist::mpi::Communicator& comm) {
+  const bool odd = comm.rank() == comm.size() - 1;
+  nn::Init init(1);
+  nn::Linear<B> fc1(7, 5, init, true, DType::F32, "fc1"), fc2(5, odd ? 4 : 3, init, false, DType::F32, "fc2");
+  std::vector<Var<B>> params = fc1.parameters();
+  for (const auto& p : fc2.parameters()) params.push_back(p);
+  const std::string expected =
+      "rank " + std::to_string(comm.size() - 1) + " has parameter 2 'fc2.weight' is [4, 5] f32, rank 0's is [3, 5] f32";
+  try {
+    dist::DataParallel<B> sync(comm, params);
+    require(false, "no error for mismatched parameter lists");
+  } catch (const Error& e) {
+    require(std::string(e.what()).find(expected) != std::string::npos, "the error '", e.what(), "' lacks '", expected,
+            "'");
+  }
+  if (odd) params.pop_back();
+  try {
+    dist::DataParallel<B> sync(comm, params);
+    require(false, "no error for a missing parameter");
+  } catch (const Error& e) {
+    const std::string count = "rank " + std::to_string(comm.size() - 1) + " has 2 parameters, rank 0 has 3";
+    require(std::string(e.what()).find(count) != std::string::npos, "the error '", e.what(), "' lacks '", count, "'");
+  }
+  return 0;
+}
+
+/// Rank 1 throws while the others wait in a collective: the job must end, naming rank 1.
+int abort_on_error(dist::mpi::Communicator& comm) {
+  if (comm.rank() == 1) throw Error("injected failure");
+  comm.barrier();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  dist::mpi::Environment environment(&argc, &argv);
+  return dist::mpi::run([&] {
+    dist::mpi::Communicator comm;
+    const std::string scenario = argc > 1 ? argv[1] : "";
+    if (scenario == "equivalence") return equivalence(comm);
+    if (scenario == "overflow") return overflow(comm);
+    if (scenario == "empty_shard") return empty_shard(comm);
+    if (scenario == "memory") return memory(comm);
+    if (scenario == "mismatch") return mismatch(comm);
+    if (scenario == "abort") return abort_on_error(comm);
+    throw Error("test_dist_mpi: unknown scenario '" + scenario + "'");
+  });
+}

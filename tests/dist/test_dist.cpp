@@ -1,0 +1,150 @@
+// tests/dist/test_dist.cpp — data parallelism and ZeRO in one process (no MPI needed).
+//
+// With one rank every collective is a copy, so DataParallel and ZeroOptimizer must
+// reproduce plain single-process training bit for bit: the reference is AdamW (with
+// MasterWeights for 16-bit models) on the same parameters. The layout's pieces and
+// shards are checked against closed forms. The multi-rank cases are in mpi/.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <vector>
+
+#include "dist_model.hpp"
+#include "error_matchers.hpp"
+#include "trainmem/dist/communicator.hpp"
+#include "trainmem/dist/flat_layout.hpp"
+
+using namespace trainmem;
+using namespace dist_test;
+using testing::ErrorContains;
+
+namespace {
+
+/// A one-rank communicator that counts the collectives it is asked for.
+class CountingCommunicator final : public dist::Communicator<B> {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  int calls = 0;
+
+ protected:
+  void do_all_reduce_sum(const Tensor<B>&) override { ++calls; }
+  void do_reduce_scatter_sum(const Tensor<B>& in, const Tensor<B>& out, std::span<const std::int64_t>) override {
+    ++calls;
+    out.copy_from(in);
+  }
+  void do_all_gather(const Tensor<B>&, std::span<const std::int64_t>) override { ++calls; }
+  void do_broadcast(const Tensor<B>&, int) override { ++calls; }
+  void do_barrier() override { ++calls; }
+  void do_broadcast_host(std::span<std::byte>, int) override { ++calls; }
+  void do_all_gather_host(std::span<const std::byte> mine, std::span<std::byte> all) override {
+    ++calls;
+    std::copy(mine.begin(), mine.end(), all.begin());
+  }
+};
+
+}  // namespace
+
+TEST_CASE("dist: shards are ceil(Ψ/N)-element ranges, the last ones empty when Ψ is small", "[dist]") {
+  CHECK(dist::shard_range(55, 0, 2).begin == 0);
+  CHECK(dist::shard_range(55, 0, 2).end == 28);
+  CHECK(dist::shard_range(55, 1, 2).end == 55);
+  CHECK(dist::shard_range(4, 2, 3).empty());  // c = 2: [0, 2), [2, 4), [4, 4)
+  CHECK(dist::shard_range(4, 1, 3).size() == 2);
+  CHECK(dist::shard_counts({3, 9}, 10, 3) == std::vector<std::int64_t>{1, 4, 1});  // shards [0,4) [4,8) [8,10)
+}
+
+TEST_CASE("dist: a window's pieces name each parameter part once, in order", "[dist]") {
+  TinyNet net;  // fc1.weight 35, fc1.bias 5, fc2.weight 15
+  const dist::FlatLayout layout(net.parameters());
+  REQUIRE(layout.total() == 55);
+  std::vector<dist::Piece> pieces;
+  layout.for_each_piece({30, 42}, [&](const dist::Piece& p) { pieces.push_back(p); });
+  REQUIRE(pieces.size() == 3);
+  CHECK((pieces[0].param == 0 && pieces[0].param_offset == 30 && pieces[0].window_offset == 0 && pieces[0].count == 5));
+  CHECK((pieces[1].param == 1 && pieces[1].param_offset == 0 && pieces[1].window_offset == 5 && pieces[1].count == 5));
+  CHECK((pieces[2].param == 2 && pieces[2].param_offset == 0 && pieces[2].window_offset == 10 && pieces[2].count == 2));
+}
+
+TEST_CASE("dist: one rank reproduces single-process AdamW bit for bit (F32, DP and ZeRO-1/2)", "[dist]") {
+  const std::vector<double> reference = train_reference(20);
+  dist::SingleProcess<B> comm;
+  for (int stage : {0, 1, 2}) {
+    for (std::int64_t bucket : {std::int64_t{4}, std::int64_t{64}, std::int64_t{1} << 20}) {
+      INFO("stage " << stage << ", bucket " << bucket << " bytes");
+      CHECK(train_ranks(comm, stage, 20, bucket) == reference);
+    }
+  }
+}
+
+TEST_CASE("dist: accumulating two micro-batches matches the whole batch", "[dist]") {
+  const std::vector<double> reference = train_reference(20);
+  dist::SingleProcess<B> comm;
+  for (int stage : {0, 1, 2}) {
+    const std::vector<double> w = train_ranks(comm, stage, 20, 64, 2);
+    REQUIRE(w.size() == reference.size());
+    for (std::size_t i = 0; i < w.size(); ++i)
+      CHECK(std::abs(w[i] - reference[i]) <= 1e-6 * std::abs(reference[i]) + 1e-7);
+  }
+}
+
+TEST_CASE("dist: no collective runs before the last micro-batch", "[dist]") {
+  TinyNet net;
+  CountingCommunicator comm;
+  dist::DataParallel<B> sync(comm, net.parameters(), {.bucket_bytes = 64, .accumulation_steps = 3});
+  for (int m = 0; m < 2; ++m) {
+    const int before = comm.calls;
+    backward(net, 0, 4, 0, DType::F32);
+    CHECK_FALSE(sync.micro_batch_done());
+    CHECK(comm.calls == before);
+  }
+  const int before = comm.calls;
+  backward(net, 0, 4, 0, DType::F32);
+  CHECK(sync.micro_batch_done());
+  CHECK(comm.calls == before + 2 * 4);  // 55 f32 in buckets of 16: 4 windows, each a reduce-scatter and an all-gather
+}
+
+TEST_CASE("dist: ZeRO with 16-bit weights matches MasterWeights + AdamW bit for bit on one rank", "[dist]") {
+  for (DType dtype : {DType::BF16, DType::F16}) {
+    std::vector<double> reference;
+    {
+      TinyNet net;
+      amp::MasterWeights<B> masters(net.parameters(), {.model_dtype = dtype});
+      optim::AdamW<B> opt(net.parameters(), adamw_options());
+      masters.attach(opt);
+      for (int s = 0; s < 10; ++s) {
+        opt.zero_grad();
+        backward(net, 0, kGlobalBatch, s, dtype);
+        opt.step();
+      }
+      reference = weights(net);
+    }
+    for (int stage : {1, 2}) {
+      INFO(name_of(dtype) << " stage " << stage);
+      TinyNet net;
+      dist::SingleProcess<B> comm;
+      dist::ZeroOptimizer<B> zero(comm, net.parameters(),
+                                  {.stage = stage, .model_dtype = dtype, .data_parallel = {.bucket_bytes = 40}},
+                                  adamw_options());
+      for (int s = 0; s < 10; ++s) {
+        zero.zero_grad();
+        backward(net, 0, kGlobalBatch, s, dtype);
+        zero.reduce_gradients();
+        zero.step();
+      }
+      CHECK(weights(net) == reference);
+    }
+  }
+}
+
+TEST_CASE("dist: bad settings are errors that name them", "[dist]") {
+  TinyNet net;
+  dist::SingleProcess<B> comm;
+  CHECK_THROWS_MATCHES(dist::DataParallel<B>(comm, net.parameters(), {.bucket_bytes = 2}), Error,
+                       ErrorContains("bucket_bytes must be at least 4"));
+  CHECK_THROWS_MATCHES(dist::ZeroOptimizer<B>(comm, net.parameters(), {.stage = 3}, adamw_options()), Error,
+                       ErrorContains("stage must be 1 or 2, got 3"));
+  dist::ZeroOptimizer<B> zero(comm, net.parameters(), {.stage = 2}, adamw_options());
+  CHECK_THROWS_MATCHES(zero.step(), Error, ErrorContains("has no reduced gradient; call reduce_gradients()"));
+  const auto half = Tensor<B>::zeros(Shape{4}, DType::BF16);
+  CHECK_THROWS_MATCHES(comm.all_reduce_sum(half), Error, ErrorContains("sums run on f32 or f64 tensors"));
+}
