@@ -85,12 +85,9 @@ class SavedTensor {
   }
 
   bool defined() const { return kept_ != nullptr || unpacker_ != nullptr; }
-  bool is_placeholder() const { return unpacker_ != nullptr; }
   const Shape& shape() const { return shape_; }
   DType dtype() const { return dtype_; }
   std::string_view op() const { return op_; }
-  /// Bytes this saved tensor holds itself (0 for a placeholder).
-  std::size_t held_bytes() const { return kept_ ? kept_->tensor().bytes() : 0; }
 
   /// The saved value; throws if its storage was modified in place since the save.
   Tensor<B> unpack() const {
@@ -102,12 +99,6 @@ class SavedTensor {
     }
     if (kept_) return kept_->tensor();
     return unpacker_->unpack(slot_, *this);
-  }
-
-  /// Drops what this saved tensor holds (backward calls this after use).
-  void release() {
-    kept_.reset();
-    unpacker_.reset();
   }
 
  private:

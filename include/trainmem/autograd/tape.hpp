@@ -79,7 +79,6 @@ class Tape {
   SaveHook<B>* hook() const { return hooks_.empty() ? nullptr : hooks_.back(); }
   void push_hook(SaveHook<B>* hook) { hooks_.push_back(hook); }
   void pop_hook() { hooks_.pop_back(); }
-  std::size_t hook_depth() const { return hooks_.size(); }
 
   /// \brief RAII: records nodes into `scratch` instead of the tape, with a fresh hook stack.
   class RecordInto {
@@ -139,8 +138,8 @@ class Tape {
     run_backward(r.grad_fn, r.output_nr, seed_grad, retain_graph);
   }
 
-  /// Runs backward from `node`, output `output`, over the nodes of `list` (used by the tape
-  /// itself and by regions that own nodes).
+  /// Runs backward from output `output` of `start`, seeded with `seed`, over the tape's
+  /// nodes (newest first); without retain_graph each node is released once it has run.
   void run_backward(Node<B>* start, int output, const Tensor<B>& seed, bool retain_graph) {
     std::unordered_map<Node<B>*, Grads<B>> pending;
     pending[start].resize(start->output_dtypes.size());
