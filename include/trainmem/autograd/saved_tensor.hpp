@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "trainmem/autograd/op_identity.hpp"
@@ -33,6 +34,8 @@ struct SaveInfo {
 
 template <class B>
 class SavedTensor;
+template <class B>
+struct VarImpl;
 
 /// \brief Holds a tensor for backward and counts its bytes as a saved activation meanwhile.
 ///
@@ -140,6 +143,12 @@ class SaveHook {
                           const std::vector<Tensor<B>>& outputs) = 0;
   /// Decides how a tensor an op needs in backward is kept.
   virtual SavedTensor<B> pack(const Tensor<B>& tensor, const SaveInfo& info) = 0;
+  /// checkpoint_name(x, name) while this hook is active. A hook that keeps nothing by
+  /// name (a recompute replaying what its forward decided) ignores it.
+  virtual void name_tensor(const VarImpl<B>& x, std::string_view name) {
+    (void)x;
+    (void)name;
+  }
 };
 
 }  // namespace trainmem

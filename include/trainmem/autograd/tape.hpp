@@ -7,9 +7,9 @@
 // releasing each node's saved tensors as soon as it has run unless retain_graph.
 //
 // The tape also carries what recompute must replay: the random generator that
-// dropout draws from, and the stack of SaveHooks that checkpoint regions push. A
-// region's recompute records its nodes into a scratch list (`RecordInto`), never onto
-// the tape.
+// dropout draws from, and the stack of SaveHooks that checkpoint regions push (one
+// `HookScope` each, so a throwing fn cannot leave a hook behind). A region's recompute
+// records its nodes into a scratch list (`RecordInto`), never onto the tape.
 #pragma once
 
 #include <memory>
@@ -77,8 +77,18 @@ class Tape {
 
   // --- the save hook stack (checkpoint regions) -------------------------------------
   SaveHook<B>* hook() const { return hooks_.empty() ? nullptr : hooks_.back(); }
-  void push_hook(SaveHook<B>* hook) { hooks_.push_back(hook); }
-  void pop_hook() { hooks_.pop_back(); }
+
+  /// \brief RAII: `hook` is the active save hook for the scope, the previous one after.
+  class HookScope {
+   public:
+    HookScope(Tape& tape, SaveHook<B>* hook) : tape_(tape) { tape.hooks_.push_back(hook); }
+    ~HookScope() { tape_.hooks_.pop_back(); }
+    HookScope(const HookScope&) = delete;
+    HookScope& operator=(const HookScope&) = delete;
+
+   private:
+    Tape& tape_;
+  };
 
   /// \brief RAII: records nodes into `scratch` instead of the tape, with a fresh hook stack.
   class RecordInto {
