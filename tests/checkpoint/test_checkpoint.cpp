@@ -407,3 +407,44 @@ TEST_CASE("checkpoint under no_grad just runs the function", "[checkpoint]") {
   CHECK(tape.size() == 0);
   CHECK(y.value().to_host() == layer(x).value().to_host());
 }
+
+TEST_CASE("a region whose fn throws leaves no save hook on the tape", "[checkpoint][errors]") {
+  nn::Init init(5);
+  nn::Linear<B> layer(8, 8, init);
+  Tape<B> tape;
+  auto x = tape.input(T::from_host({4, 8}, wave(32, 0.2)), true);
+  auto failing = [&](const Var<B>& v) -> Var<B> {
+    (void)layer(v);
+    throw Error("fn failed");
+  };
+  REQUIRE_THROWS_WITH(checkpoint(tape, failing, x), "fn failed");
+  CHECK(tape.hook() == nullptr);
+  auto y = layer(x);  // records on the tape, saves directly
+  tape.backward(sum(y));
+  CHECK(x.grad().defined());
+}
+
+TEST_CASE("checkpoint_name on an earlier region's output keeps it without skipping the naming region's ops",
+          "[checkpoint][policy]") {
+  nn::Init init(6);
+  nn::Linear<B> first(8, 8, init), up(8, 16, init), down(16, 8, init);
+  auto produce = [&](const Var<B>& x) { return tanh(first(x)); };
+  auto consume = [&](const Var<B>& h) { return down(relu(up(checkpoint_name(h, "h")))); };
+  CheckpointOptions named;
+  named.policy = policy::save_names({"h"});
+  auto grads = [&](bool use_checkpoint) {
+    for (auto* l : {&first, &up, &down})
+      for (auto& p : l->parameters()) p.zero_grad();
+    Tape<B> tape;
+    auto x = tape.input(T::from_host({4, 8}, wave(32, 0.6)), true);
+    auto h = use_checkpoint ? checkpoint(tape, named, produce, x) : produce(x);
+    auto y = use_checkpoint ? checkpoint(tape, named, consume, h) : consume(h);
+    tape.backward(sum(y));
+    return std::vector<std::vector<float>>{x.grad().to_host(), first.weight().grad().to_host(),
+                                           up.weight().grad().to_host(), down.weight().grad().to_host()};
+  };
+  const auto reference = grads(false);
+  const auto reused_before = checkpoint_stats().ops_reused;
+  CHECK(grads(true) == reference);
+  CHECK(checkpoint_stats().ops_reused == reused_before);  // `h` was made outside the naming region: no op skipped
+}

@@ -1,7 +1,7 @@
 // trainmem/autograd/op_identity.hpp — what the tape knows of an op: its name and kind.
 //
-// Nodes name their op in errors, and checkpoint policies select saved tensors by the
-// kind of op that saved them. Nothing here is about precision: the autocast category
+// Nodes name their op in errors, and checkpoint policies choose which op outputs to
+// keep by the kind of op that made them. Nothing here is about precision: the autocast category
 // an op also declares lives with the op entry (ops/op_info.hpp).
 #pragma once
 

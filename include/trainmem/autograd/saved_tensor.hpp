@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "trainmem/autograd/op_identity.hpp"
@@ -33,6 +34,8 @@ struct SaveInfo {
 
 template <class B>
 class SavedTensor;
+template <class B>
+struct VarImpl;
 
 /// \brief Holds a tensor for backward and counts its bytes as a saved activation meanwhile.
 ///
@@ -85,12 +88,9 @@ class SavedTensor {
   }
 
   bool defined() const { return kept_ != nullptr || unpacker_ != nullptr; }
-  bool is_placeholder() const { return unpacker_ != nullptr; }
   const Shape& shape() const { return shape_; }
   DType dtype() const { return dtype_; }
   std::string_view op() const { return op_; }
-  /// Bytes this saved tensor holds itself (0 for a placeholder).
-  std::size_t held_bytes() const { return kept_ ? kept_->tensor().bytes() : 0; }
 
   /// The saved value; throws if its storage was modified in place since the save.
   Tensor<B> unpack() const {
@@ -102,12 +102,6 @@ class SavedTensor {
     }
     if (kept_) return kept_->tensor();
     return unpacker_->unpack(slot_, *this);
-  }
-
-  /// Drops what this saved tensor holds (backward calls this after use).
-  void release() {
-    kept_.reset();
-    unpacker_.reset();
   }
 
  private:
@@ -149,6 +143,12 @@ class SaveHook {
                           const std::vector<Tensor<B>>& outputs) = 0;
   /// Decides how a tensor an op needs in backward is kept.
   virtual SavedTensor<B> pack(const Tensor<B>& tensor, const SaveInfo& info) = 0;
+  /// checkpoint_name(x, name) while this hook is active. A hook that keeps nothing by
+  /// name (a recompute replaying what its forward decided) ignores it.
+  virtual void name_tensor(const VarImpl<B>& x, std::string_view name) {
+    (void)x;
+    (void)name;
+  }
 };
 
 }  // namespace trainmem

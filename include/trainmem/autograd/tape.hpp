@@ -7,9 +7,9 @@
 // releasing each node's saved tensors as soon as it has run unless retain_graph.
 //
 // The tape also carries what recompute must replay: the random generator that
-// dropout draws from, and the stack of SaveHooks that checkpoint regions push. A
-// region's recompute records its nodes into a scratch list (`RecordInto`), never onto
-// the tape.
+// dropout draws from, and the stack of SaveHooks that checkpoint regions push (one
+// `HookScope` each, so a throwing fn cannot leave a hook behind). A region's recompute
+// records its nodes into a scratch list (`RecordInto`), never onto the tape.
 #pragma once
 
 #include <memory>
@@ -77,9 +77,18 @@ class Tape {
 
   // --- the save hook stack (checkpoint regions) -------------------------------------
   SaveHook<B>* hook() const { return hooks_.empty() ? nullptr : hooks_.back(); }
-  void push_hook(SaveHook<B>* hook) { hooks_.push_back(hook); }
-  void pop_hook() { hooks_.pop_back(); }
-  std::size_t hook_depth() const { return hooks_.size(); }
+
+  /// \brief RAII: `hook` is the active save hook for the scope, the previous one after.
+  class HookScope {
+   public:
+    HookScope(Tape& tape, SaveHook<B>* hook) : tape_(tape) { tape.hooks_.push_back(hook); }
+    ~HookScope() { tape_.hooks_.pop_back(); }
+    HookScope(const HookScope&) = delete;
+    HookScope& operator=(const HookScope&) = delete;
+
+   private:
+    Tape& tape_;
+  };
 
   /// \brief RAII: records nodes into `scratch` instead of the tape, with a fresh hook stack.
   class RecordInto {
@@ -137,8 +146,8 @@ class Tape {
     run_backward(r.grad_fn, r.output_nr, seed_grad, retain_graph);
   }
 
-  /// Runs backward from `node`, output `output`, over the nodes of `list` (used by the tape
-  /// itself and by regions that own nodes).
+  /// Runs backward from output `output` of `start`, seeded with `seed`, over the tape's
+  /// nodes (newest first); without retain_graph each node is released once it has run.
   void run_backward(Node<B>* start, int output, const Tensor<B>& seed, bool retain_graph) {
     std::unordered_map<Node<B>*, Grads<B>> pending;
     pending[start].resize(start->output_dtypes.size());

@@ -294,7 +294,7 @@ inline PlanSolution solve_once(const ChainProfile& p, int c, std::int64_t budget
 
 }  // namespace detail
 
-/// The fastest schedule whose predicted peak on channel c is at most `budget`; not
+/// The fastest schedule whose predicted peak on `channel` is at most `budget`; not
 /// feasible when none is. The answer is always checked against `predict`.
 inline PlanSolution solve_chain(const ChainProfile& p, MemChannel channel, std::int64_t budget,
                                 const SolverOptions& options = {}) {
@@ -308,7 +308,7 @@ inline PlanSolution solve_chain(const ChainProfile& p, MemChannel channel, std::
   return {};
 }
 
-/// The smallest budget on channel c that the solver meets (to `tolerance` bytes; exact
+/// The smallest budget on `channel` that the solver meets (to `tolerance` bytes; exact
 /// when it works in whole bytes).
 inline std::int64_t smallest_budget(const ChainProfile& p, MemChannel channel, const SolverOptions& options = {},
                                     std::int64_t tolerance = 0) {

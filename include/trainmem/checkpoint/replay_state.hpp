@@ -25,7 +25,8 @@ struct ReplayState {
     return {tape.rng().state(), amp::autocast_state(), amp::CastCache<B>::instance().generation()};
   }
 
-  /// \brief RAII: runs a scope under this state; restores the tape's RNG and autocast after.
+  /// \brief RAII: runs a scope under this state, with grad mode on (ops save, and so fill
+  /// slots, only while recording); restores RNG, autocast and grad mode after.
   class Scope {
    public:
     Scope(Tape<B>& tape, const ReplayState& state)

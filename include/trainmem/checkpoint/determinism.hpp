@@ -1,0 +1,110 @@
+// trainmem/checkpoint/determinism.hpp — what a region's recompute must reproduce.
+//
+// A recompute is only correct if it redoes the forward exactly, so a region records
+// both ends of that promise: the state the forward started from (the ReplayState a
+// recompute restores: RNG, autocast, cast-cache generation), and what each save of the
+// forward looked like. The k-th save of the recompute is checked against the k-th
+// record: op, shape and dtype always, the values too on request (a checksum, or the
+// bytes themselves). A mismatch is a CheckpointError naming both saves, never a
+// gradient computed from the wrong tensor.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "trainmem/checkpoint/replay_state.hpp"
+#include "trainmem/error.hpp"
+
+namespace trainmem {
+
+/// How much of a recompute is compared with its forward.
+enum class DeterminismCheck : std::uint8_t {
+  Metadata,  // count, op, shape and dtype of every saved tensor (always on)
+  Checksum,  // ... and a 64-bit FNV-1a hash of every recomputed tensor's bytes
+  Bitwise,   // ... and the bytes themselves (keeps a host copy: a debugging aid)
+};
+
+namespace detail {
+
+/// 64-bit FNV-1a over bytes.
+inline std::uint64_t fnv1a(const std::vector<unsigned char>& bytes) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : bytes) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+template <class B>
+std::vector<unsigned char> host_bytes(const Tensor<B>& t) {
+  std::vector<unsigned char> bytes(t.bytes());
+  t.backend().download(bytes.data(), t.data(), t.bytes());
+  return bytes;
+}
+
+/// \brief The replay state a region's forward started from, and every save it made.
+template <class B>
+class DeterminismRecord {
+ public:
+  DeterminismRecord(DeterminismCheck level, ReplayState<B> start) : level_(level), start_(std::move(start)) {}
+
+  /// The state a recompute runs under.
+  const ReplayState<B>& start() const { return start_; }
+  /// Saves the forward made so far.
+  std::size_t saves() const { return saves_.size(); }
+
+  /// The forward saved `tensor` for op `op`: into slot `slot` of the region (a tensor
+  /// the recompute brings back, whose values are recorded as the level asks), or -1
+  /// (kept directly, so the recompute only has to match its metadata).
+  void record(const Tensor<B>& tensor, std::string_view op, std::int64_t slot) {
+    Save save{slot, tensor.shape(), tensor.dtype(), op, 0, {}};
+    if (slot >= 0 && level_ == DeterminismCheck::Checksum) save.checksum = fnv1a(host_bytes(tensor));
+    if (slot >= 0 && level_ == DeterminismCheck::Bitwise) save.bytes = host_bytes(tensor);
+    saves_.push_back(std::move(save));
+  }
+
+  /// Checks the k-th save of a recompute against the forward's; returns the slot it fills (-1: none).
+  std::int64_t verify(std::size_t k, const Tensor<B>& tensor, std::string_view op) const {
+    detail::check<CheckpointError>(k < saves_.size(), "checkpoint: recompute is not deterministic: op '", op,
+                                   "' saved tensor #", k, " but the forward saved only ", saves_.size());
+    const Save& r = saves_[k];
+    detail::check<CheckpointError>(r.op == op && r.shape == tensor.shape() && r.dtype == tensor.dtype(),
+                                   "checkpoint: recompute is not deterministic: saved tensor #", k, " was ", r.dtype,
+                                   " ", r.shape, " from op '", r.op, "' in forward, but ", tensor.dtype(), " ",
+                                   tensor.shape(), " from op '", op, "' in recompute");
+    if (r.slot < 0) return r.slot;
+    if (level_ == DeterminismCheck::Checksum)
+      detail::check<CheckpointError>(fnv1a(host_bytes(tensor)) == r.checksum,
+                                     "checkpoint: recompute is not deterministic: values of saved tensor #", k,
+                                     " (op '", r.op, "', ", r.shape, ") differ from the forward (checksum)");
+    if (level_ == DeterminismCheck::Bitwise)
+      detail::check<CheckpointError>(host_bytes(tensor) == r.bytes,
+                                     "checkpoint: recompute is not deterministic: values of saved tensor #", k,
+                                     " (op '", r.op, "', ", r.shape, ") differ bitwise from the forward");
+    return r.slot;
+  }
+
+  /// Checks that a recompute run to the end saved as many tensors as the forward.
+  void verify_complete(std::size_t recomputed) const {
+    detail::check<CheckpointError>(recomputed == saves_.size(),
+                                   "checkpoint: recompute is not deterministic: "
+                                   "the forward saved ",
+                                   saves_.size(), " tensors, the recompute ", recomputed);
+  }
+
+ private:
+  struct Save {
+    std::int64_t slot;  // -1: kept directly, not recomputed
+    Shape shape;
+    DType dtype;
+    std::string_view op;
+    std::uint64_t checksum;
+    std::vector<unsigned char> bytes;
+  };
+
+  DeterminismCheck level_;
+  ReplayState<B> start_;
+  std::vector<Save> saves_;
+};
+
+}  // namespace detail
+}  // namespace trainmem

@@ -1,0 +1,109 @@
+// trainmem/checkpoint/kept_outputs.hpp — the op outputs a region kept from its forward.
+//
+// Keyed by the op's ordinal in the region, so the recompute, which runs the same ops in
+// the same order, can hand an op its outputs back instead of computing them (selective
+// recompute skips the matmuls). A kept output is held by a SavedRef, so its bytes count
+// as a saved activation for as long as the region keeps it. Where the backend can offload,
+// outputs may instead live as host copies, fetched back for the length of one
+// recompute; on a backend with nowhere to offload to there are none.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <type_traits>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "trainmem/autograd/saved_tensor.hpp"
+
+namespace trainmem {
+namespace detail {
+
+template <class B>
+concept CanOffload = requires(B& backend, const Tensor<B>& t) {
+  backend.offload(t);
+};
+
+/// \brief What a region's forward kept of its ops' outputs, by op ordinal.
+template <class B>
+class KeptOutputs {
+ public:
+  /// Bytes kept in memory (offloaded copies do not count).
+  std::size_t bytes() const { return bytes_; }
+
+  /// Keeps `outputs` in memory. With an op ordinal the recompute reuses them for that op;
+  /// with -1 they are only held (a named tensor whose producer cannot be skipped).
+  void save(std::int64_t op_index, const std::vector<Tensor<B>>& outputs) {
+    auto& refs = refs_[op_index];
+    for (const auto& t : outputs) {
+      refs.push_back(std::make_shared<const SavedRef<B>>(t));
+      bytes_ += t.bytes();
+    }
+    if (op_index >= 0) saved_[op_index] = outputs;
+  }
+
+  /// Copies `outputs` of op `op_index` to host memory; the recompute fetches them back.
+  void offload(std::int64_t op_index, const std::vector<Tensor<B>>& outputs) requires CanOffload<B> {
+    auto& entry = offloaded_[op_index];
+    for (const auto& t : outputs) entry.copies.push_back(t.backend().offload(t));
+  }
+
+  /// Releases every output kept for reuse that `unneeded(op_index, outputs)` accepts.
+  template <class Pred>
+  void release_if(Pred&& unneeded) {
+    for (auto it = saved_.begin(); it != saved_.end();) {
+      if (unneeded(it->first, it->second)) {
+        for (const auto& t : it->second) bytes_ -= t.bytes();
+        refs_.erase(it->first);
+        it = saved_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+
+  /// During a recompute: the outputs of op `op_index` kept from the forward, or null.
+  const std::vector<Tensor<B>>* find(std::int64_t op_index) const {
+    if (auto it = saved_.find(op_index); it != saved_.end()) return &it->second;
+    if (auto it = offloaded_.find(op_index); it != offloaded_.end()) return &it->second.fetched;
+    return nullptr;
+  }
+
+  /// Brings every offloaded output back to device memory for one recompute.
+  void fetch_offloaded(B& backend) {
+    if constexpr (CanOffload<B>) {
+      for (auto& [index, entry] : offloaded_) {
+        entry.fetched.clear();
+        for (auto& copy : entry.copies) entry.fetched.push_back(backend.fetch(copy));
+      }
+    }
+  }
+  /// Frees the fetched device copies once the recompute is done (the host copies stay).
+  void drop_fetched() {
+    for (auto& [index, entry] : offloaded_) entry.fetched.clear();
+  }
+
+ private:
+  template <class Backend, bool = CanOffload<Backend>>
+  struct HostCopyOf {
+    using type = int;  // nothing to offload to
+  };
+  template <class Backend>
+  struct HostCopyOf<Backend, true> {
+    using type = decltype(std::declval<Backend&>().offload(std::declval<const Tensor<Backend>&>()));
+  };
+  struct Offloaded {
+    std::vector<typename HostCopyOf<B>::type> copies;
+    std::vector<Tensor<B>> fetched;
+  };
+
+  std::unordered_map<std::int64_t, std::vector<Tensor<B>>> saved_;
+  std::unordered_map<std::int64_t, std::vector<std::shared_ptr<const SavedRef<B>>>> refs_;
+  std::unordered_map<std::int64_t, Offloaded> offloaded_;
+  std::size_t bytes_ = 0;
+};
+
+}  // namespace detail
+}  // namespace trainmem
