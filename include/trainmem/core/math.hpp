@@ -248,7 +248,7 @@ struct DropoutScale {
 
 namespace trainmem::math {
 
-// --- optimizer updates: one element of (param, grad, state1, state2) ----------------
+// --- optimizer updates: one element of (param, grad, first and second optimizer state) ----
 // `grad_scale` multiplies the gradient first (1/loss_scale when the step also unscales).
 
 /// SGD with momentum, dampening, Nesterov and L2 weight decay (PyTorch's torch.optim.SGD).
