@@ -32,7 +32,7 @@ class KeepDecision {
         kept.bytes() + summary.bytes > memory_budget_)
       d = kPreferRecompute;
     if (d.decision == Decision::Recompute) return false;
-    if constexpr (CanOffload<B>) {
+    if constexpr (HasOffload<B>) {
       if (d.decision == Decision::Offload && op_index >= 0) {
         kept.offload(op_index, outputs);
         checkpoint_stats().outputs_offloaded += static_cast<std::int64_t>(outputs.size());

@@ -17,14 +17,10 @@
 #include <vector>
 
 #include "trainmem/autograd/saved_tensor.hpp"
+#include "trainmem/core/backend_contract.hpp"
 
 namespace trainmem {
 namespace detail {
-
-template <class B>
-concept CanOffload = requires(B& backend, const Tensor<B>& t) {
-  backend.offload(t);
-};
 
 /// \brief What a region's forward kept of its ops' outputs, by op ordinal.
 template <class B>
@@ -45,7 +41,7 @@ class KeptOutputs {
   }
 
   /// Copies `outputs` of op `op_index` to host memory; the recompute fetches them back.
-  void offload(std::int64_t op_index, const std::vector<Tensor<B>>& outputs) requires CanOffload<B> {
+  void offload(std::int64_t op_index, const std::vector<Tensor<B>>& outputs) requires HasOffload<B> {
     auto& entry = offloaded_[op_index];
     for (const auto& t : outputs) entry.copies.push_back(t.backend().offload(t));
   }
@@ -73,7 +69,7 @@ class KeptOutputs {
 
   /// Brings every offloaded output back to device memory for one recompute.
   void fetch_offloaded(B& backend) {
-    if constexpr (CanOffload<B>) {
+    if constexpr (HasOffload<B>) {
       for (auto& [index, entry] : offloaded_) {
         entry.fetched.clear();
         for (auto& copy : entry.copies) entry.fetched.push_back(backend.fetch(copy));
@@ -86,7 +82,7 @@ class KeptOutputs {
   }
 
  private:
-  template <class Backend, bool = CanOffload<Backend>>
+  template <class Backend, bool = HasOffload<Backend>>
   struct HostCopyOf {
     using type = int;  // nothing to offload to
   };
