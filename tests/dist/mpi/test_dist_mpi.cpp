@@ -74,8 +74,8 @@ std::vector<double> snapshot(const std::vector<Var<B>>& params, const optim::Opt
   for (const auto& p : params) add(p.value());
   for (const auto& e : opt.entries()) {
     add(e.master);
-    add(e.state1);
-    add(e.state2);
+    add(e.first_moment);
+    add(e.second_moment);
     add(e.step_state);
   }
   return out;
