@@ -12,6 +12,9 @@ set(TRAINMEM_INSTALL_CMAKEDIR "${CMAKE_INSTALL_LIBDIR}/cmake/trainmem"
 
 install(DIRECTORY "${PROJECT_SOURCE_DIR}/include/trainmem" DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}")
 install(FILES "${PROJECT_SOURCE_DIR}/LICENSE" DESTINATION "${CMAKE_INSTALL_DATADIR}/doc/trainmem")
+# The compiled mode's one source; consumers build it with their own flags (trainmem_add_compiled).
+set(TRAINMEM_INSTALL_SRCDIR "${CMAKE_INSTALL_DATADIR}/trainmem/src")
+install(FILES "${PROJECT_SOURCE_DIR}/src/cpu_instantiations.cpp" DESTINATION "${TRAINMEM_INSTALL_SRCDIR}")
 
 install(TARGETS trainmem EXPORT trainmemTargets)
 install(EXPORT trainmemTargets NAMESPACE trainmem:: DESTINATION "${TRAINMEM_INSTALL_CMAKEDIR}")
@@ -23,12 +26,13 @@ endif()
 configure_package_config_file(
   "${CMAKE_CURRENT_LIST_DIR}/trainmemConfig.cmake.in"
   "${PROJECT_BINARY_DIR}/trainmemConfig.cmake"
-  INSTALL_DESTINATION "${TRAINMEM_INSTALL_CMAKEDIR}")
+  INSTALL_DESTINATION "${TRAINMEM_INSTALL_CMAKEDIR}"
+  PATH_VARS TRAINMEM_INSTALL_SRCDIR)
 # Header-only: the package fits any architecture.
 write_basic_package_version_file(
   "${PROJECT_BINARY_DIR}/trainmemConfigVersion.cmake"
   COMPATIBILITY SameMajorVersion
   ARCH_INDEPENDENT)
 install(FILES "${PROJECT_BINARY_DIR}/trainmemConfig.cmake" "${PROJECT_BINARY_DIR}/trainmemConfigVersion.cmake"
-              "${CMAKE_CURRENT_LIST_DIR}/TrainmemOneDNN.cmake"
+              "${CMAKE_CURRENT_LIST_DIR}/TrainmemOneDNN.cmake" "${CMAKE_CURRENT_LIST_DIR}/TrainmemCompiled.cmake"
         DESTINATION "${TRAINMEM_INSTALL_CMAKEDIR}")

@@ -4,8 +4,14 @@
 # -march=native (TRAINMEM_NATIVE), warnings, and sanitizers (TRAINMEM_SANITIZE). It is
 # never installed or exported; trainmem::trainmem itself stays free of such flags.
 #
-#   trainmem_add_program(<name> <source>...)   add_executable + link trainmem_dev
+# trainmem::compiled (cmake/TrainmemCompiled.cmake) is the compiled mode built with those
+# flags; our programs link it, so the tape, ops and kernels are compiled once per tree,
+# not once per program. The README example stays header-only, as a user first meets it.
+#
+#   trainmem_add_program(<name> [HEADER_ONLY] <source>...)
+#       add_executable + link trainmem_dev and (unless HEADER_ONLY) trainmem::compiled
 include_guard(GLOBAL)
+include(TrainmemCompiled)
 
 add_library(trainmem_dev INTERFACE)
 target_link_libraries(trainmem_dev INTERFACE trainmem::trainmem)
@@ -36,7 +42,15 @@ endif()
 set(TRAINMEM_FASHION_MNIST_DIR "/usr/share/datasets/fashion-mnist" CACHE PATH
     "Fashion-MNIST IDX files (Debian package dataset-fashion-mnist)")
 
+trainmem_add_compiled(trainmem_compiled trainmem_dev)
+add_library(trainmem::compiled ALIAS trainmem_compiled)
+
 function(trainmem_add_program name)
-  add_executable(${name} ${ARGN})
-  target_link_libraries(${name} PRIVATE trainmem_dev)
+  cmake_parse_arguments(PARSE_ARGV 1 arg "HEADER_ONLY" "" "")
+  add_executable(${name} ${arg_UNPARSED_ARGUMENTS})
+  if(arg_HEADER_ONLY)
+    target_link_libraries(${name} PRIVATE trainmem_dev)
+  else()
+    target_link_libraries(${name} PRIVATE trainmem::compiled)
+  endif()
 endfunction()

@@ -62,3 +62,9 @@
 #include "trainmem/state/save.hpp"
 #include "trainmem/state/state_dict.hpp"
 #include "trainmem/state/stateful.hpp"
+
+// The compiled mode (linking trainmem::compiled sets TRAINMEM_COMPILED=1): the common CPU
+// instantiations are extern here and compiled once, in src/cpu_instantiations.cpp.
+#if TRAINMEM_COMPILED
+#include "trainmem/compiled/cpu_instantiations.hpp"
+#endif

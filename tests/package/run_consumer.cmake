@@ -35,6 +35,8 @@ step("configure the consumer"
      -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF -DCMAKE_FIND_USE_SYSTEM_PACKAGE_REGISTRY=OFF)
 step("build the consumer" "${CMAKE_COMMAND}" --build "${build}" --config "${CONFIG}")
 
-find_program(consumer NAMES trainmem_consumer PATHS "${build}" "${build}/${CONFIG}" NO_DEFAULT_PATH REQUIRED)
-step("run the consumer" "${consumer}")
-message(STATUS "${step_output}")
+foreach(program trainmem_consumer trainmem_consumer_compiled)
+  find_program(consumer_${program} NAMES ${program} PATHS "${build}" "${build}/${CONFIG}" NO_DEFAULT_PATH REQUIRED)
+  step("run ${program}" "${consumer_${program}}")
+  message(STATUS "${step_output}")
+endforeach()

@@ -1,5 +1,6 @@
 // The package consumer: trains a linear classifier on four separable points for a few
-// SGD steps through the installed trainmem and succeeds only if the loss went down.
+// SGD steps through the installed trainmem and succeeds only if the loss went down. Built
+// twice: header-only, and in the compiled mode (it then says so).
 #include <trainmem/trainmem.hpp>
 
 #include <cstdio>
@@ -29,7 +30,12 @@ int main() {
     tape.backward(loss);
     sgd.step();
   }
-  std::printf("trainmem %d.%d.%d consumer: loss %.4f -> %.4f\n", TRAINMEM_VERSION_MAJOR, TRAINMEM_VERSION_MINOR,
-              TRAINMEM_VERSION_PATCH, first_loss, last_loss);
+#if TRAINMEM_COMPILED
+  const char* mode = "compiled";
+#else
+  const char* mode = "header-only";
+#endif
+  std::printf("trainmem %d.%d.%d consumer (%s): loss %.4f -> %.4f\n", TRAINMEM_VERSION_MAJOR, TRAINMEM_VERSION_MINOR,
+              TRAINMEM_VERSION_PATCH, mode, first_loss, last_loss);
   return last_loss < first_loss ? 0 : 1;
 }
