@@ -315,7 +315,7 @@ TEST_CASE("cuda step: causal_mask and map past 2^31 elements, sums over many wav
   REQUIRE(n > (std::int64_t{1} << 31));
   {
     auto x = TensorG::empty(Shape{batch, t, t}, DType::BF16);
-    gpu.map(tmem::math::Constant{1.0}, x, x);
+    gpu.fill(x, 1.0);
     tmem::Tape<Gpu> tape;
     const auto y = tmem::causal_mask(tape.input(x)).value();
     auto at = [&](std::int64_t b, std::int64_t i, std::int64_t j) {
@@ -333,7 +333,7 @@ TEST_CASE("cuda step: causal_mask and map past 2^31 elements, sums over many wav
   // A map and a sum over 5 M elements: several grid-stride waves (blocks are capped at 32 per SM).
   const std::int64_t m = 5'000'011;
   auto ones = TensorG::empty(Shape{m}, DType::F32);
-  gpu.map(tmem::math::Constant{1.0}, ones, ones);
+  gpu.fill(ones, 1.0);
   auto twos = TensorG::empty(Shape{m}, DType::F32);
   gpu.map(tmem::math::Scale{2.0}, ones, twos);
   auto total = TensorG::empty(Shape{}, DType::F64);

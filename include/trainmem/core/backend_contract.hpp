@@ -53,6 +53,7 @@ template <class B>
 concept BackendKernels = requires(B& b, const Tensor<B>& t, const GemmArgs& args, double x, float p, bool flag,
                                   RngState rng, std::int64_t n) {
   b.gemm(args, t, t, t);
+  b.fill(t, x);
   b.map(math::Identity{}, t, t);
   b.map(math::Add{}, t, t, t);
   b.sum_rows(t, t, x);

@@ -96,14 +96,6 @@ struct Identity {
     return x;
   }
 };
-/// `value` whatever the input: a constant made on the device (backward's seed of 1).
-struct Constant {
-  double value;
-  template <class T>
-  TRAINMEM_HOST_DEVICE T operator()(T) const {
-    return static_cast<T>(value);
-  }
-};
 struct Scale {
   double alpha;
   template <class T>

@@ -97,12 +97,7 @@ class Tensor {
       backend.upload(t.data(), values.data(), t.bytes());
       return t;
     }
-    // The kernel computes in f32 for the 16-bit dtypes: hand it the already-rounded value,
-    // which every wider format holds exactly, so `value` is rounded once, not twice.
-    const double stored =
-        visit_dtype(dtype, [&]<class S>() { return static_cast<double>(detail::widen(detail::narrow<S>(value))); });
-    backend.fill_zero(t.data(), t.bytes());  // the kernel reads its input, so give it one
-    backend.map(math::Constant{stored}, t, t);
+    backend.fill(t, value);
     return t;
   }
   /// Uploads host values (float or double), converting to `dtype` with round to nearest even.

@@ -112,6 +112,12 @@ class Backend {
     });
   }
 
+  /// Every element of out = value, rounded once to out's dtype.
+  void fill(const TensorT& out, double value) {
+    visit_floating(out.dtype(), "fill",
+                   [&]<class T>() { kernels::fill(out.data_as<T>(), detail::narrow<T>(value), out.numel()); });
+  }
+
   /// out = op(in), element-wise; in and out may differ in dtype (a cast is map(Identity)).
   template <class Op>
   void map(Op op, const TensorT& in, const TensorT& out) {

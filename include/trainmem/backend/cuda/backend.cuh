@@ -174,6 +174,9 @@ class Backend {
               gelu ? GemmEpilogue::BiasGelu : GemmEpilogue::Bias, bias.dtype(), bias.data());
   }
 
+  /// Every element of out = value, rounded once to out's dtype.
+  void fill(const TensorT& out, double value) { kernels::fill(context(), out.dtype(), out.data(), value, out.numel()); }
+
   /// out = op(in), element-wise; in and out may differ in dtype (a cast is map(Identity)).
   template <class Op>
   void map(Op op, const TensorT& in, const TensorT& out) {

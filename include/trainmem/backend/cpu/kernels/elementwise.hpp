@@ -4,12 +4,18 @@
 // is a plain stride-1 loop the compiler vectorises; the op is a functor of core/math.hpp.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "trainmem/backend/cpu/kernels/parallel.hpp"
 #include "trainmem/core/dtype.hpp"
 
 namespace trainmem::cpu::kernels {
+
+template <class T>
+void fill(T* out, T value, std::int64_t n) {
+  std::fill_n(out, n, value);
+}
 
 template <class Op, class TIn, class TOut>
 void map_unary(Op op, const TIn* in, TOut* out, std::int64_t n) {

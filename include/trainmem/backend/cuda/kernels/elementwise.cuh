@@ -26,6 +26,11 @@ inline bool any_f64(std::initializer_list<DType> dtypes) {
 enum class Broadcast : int { Full, Row, Scalar };
 
 namespace device {
+template <class T>
+__global__ void fill_kernel(T* out, T value, std::int64_t n) {
+  for (std::int64_t i = global_thread(); i < n; i += grid_stride()) out[i] = value;
+}
+
 template <class Op, class TIn, class TOut>
 __global__ void map_unary_kernel(Op op, const TIn* in, TOut* out, std::int64_t n, bool packed) {
   using Acc = AccumulatorFor<TIn, TOut>;
@@ -101,6 +106,16 @@ __global__ void map_binary_any_kernel(Op op, const void* a, DType a_dtype, const
   }
 }
 }  // namespace device
+
+/// out[i] = value for all n elements, rounded once (on the host) to `dtype`.
+inline void fill(const KernelContext& ctx, DType dtype, void* out, double value, std::int64_t n) {
+  if (n == 0) return;
+  visit_floating(dtype, "fill", [&]<class T>() {
+    device::fill_kernel<<<blocks_for(ctx, n), kThreads, 0, ctx.stream>>>(static_cast<T*>(out),
+                                                                         ::trainmem::detail::narrow<T>(value), n);
+    TRAINMEM_CUDA_CHECK_LAUNCH("fill_kernel");
+  });
+}
 
 /// out = op(in) element-wise; a cast is map(Identity). Casts get a kernel per dtype pair.
 template <class Op>
