@@ -60,50 +60,24 @@ constexpr DType widest(DType a, DType b) {
 /// C++ storage type of a dtype.
 template <DType D>
 struct StorageOf;
-template <>
-struct StorageOf<DType::F32> {
-  using type = float;
-};
-template <>
-struct StorageOf<DType::F64> {
-  using type = double;
-};
-template <>
-struct StorageOf<DType::F16> {
-  using type = Half;
-};
-template <>
-struct StorageOf<DType::BF16> {
-  using type = BFloat16;
-};
-template <>
-struct StorageOf<DType::I32> {
-  using type = std::int32_t;
-};
+// clang-format off
+template <> struct StorageOf<DType::F32>  { using type = float; };
+template <> struct StorageOf<DType::F64>  { using type = double; };
+template <> struct StorageOf<DType::F16>  { using type = Half; };
+template <> struct StorageOf<DType::BF16> { using type = BFloat16; };
+template <> struct StorageOf<DType::I32>  { using type = std::int32_t; };
+// clang-format on
 
 /// dtype of a C++ storage type.
 template <class T>
 constexpr DType dtype_of();
-template <>
-constexpr DType dtype_of<float>() {
-  return DType::F32;
-}
-template <>
-constexpr DType dtype_of<double>() {
-  return DType::F64;
-}
-template <>
-constexpr DType dtype_of<Half>() {
-  return DType::F16;
-}
-template <>
-constexpr DType dtype_of<BFloat16>() {
-  return DType::BF16;
-}
-template <>
-constexpr DType dtype_of<std::int32_t>() {
-  return DType::I32;
-}
+// clang-format off
+template <> constexpr DType dtype_of<float>()        { return DType::F32; }
+template <> constexpr DType dtype_of<double>()       { return DType::F64; }
+template <> constexpr DType dtype_of<Half>()         { return DType::F16; }
+template <> constexpr DType dtype_of<BFloat16>()     { return DType::BF16; }
+template <> constexpr DType dtype_of<std::int32_t>() { return DType::I32; }
+// clang-format on
 
 /// Accumulator type for a storage type: double for double and for integers (exact for
 /// every i32), float for the floating types.
