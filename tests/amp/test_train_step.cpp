@@ -65,6 +65,20 @@ std::vector<std::uint32_t> bits(const std::vector<tmem::Tensor<B>>& tensors) {
 
 constexpr int kSteps = 4;
 
+/// The step TrainStep replaces, written out: a forward under bf16 autocast, backward,
+/// the optimizer step, zeroed gradients.
+void hand_bf16_step(const Model& model, tmem::optim::Optimizer<B>& optimizer) {
+  tmem::Tape<B> tape;
+  tmem::Var<B> loss;
+  {
+    tmem::amp::Autocast autocast(DType::BF16);
+    loss = model.loss(tape);
+  }
+  tape.backward(loss);
+  optimizer.step();
+  optimizer.zero_grad();
+}
+
 }  // namespace
 
 TEST_CASE("TrainStep f32: the same parameters, bit for bit, as the hand-written step", "[amp][train_step]") {
@@ -109,17 +123,7 @@ TEST_CASE("TrainStep bf16: the hand-written bf16 step with f32 master weights, b
   for (const auto& p : helped.params()) CHECK(p.dtype() == DType::BF16);
 
   for (int step = 0; step < kSteps; ++step) {
-    {
-      tmem::Tape<B> tape;
-      tmem::Var<B> loss;
-      {
-        tmem::amp::Autocast autocast(DType::BF16);
-        loss = by_hand.loss(tape);
-      }
-      tape.backward(loss);
-      hand_optimizer.step();
-      hand_optimizer.zero_grad();
-    }
+    hand_bf16_step(by_hand, hand_optimizer);
     tmem::Tape<B> tape;
     CHECK(train.run([&] { return helped.loss(tape); }).stepped);
   }
@@ -135,17 +139,7 @@ TEST_CASE("TrainStep bf16 without master weights: f32 parameters, autocast forwa
   tmem::amp::TrainStep<B> train(optimizer, {.precision = DType::BF16, .master_weights = false});
   CHECK_FALSE(train.master_weights().has_value());
   for (int step = 0; step < kSteps; ++step) {
-    {
-      tmem::Tape<B> tape;
-      tmem::Var<B> loss;
-      {
-        tmem::amp::Autocast autocast(DType::BF16);
-        loss = by_hand.loss(tape);
-      }
-      tape.backward(loss);
-      hand_optimizer.step();
-      hand_optimizer.zero_grad();
-    }
+    hand_bf16_step(by_hand, hand_optimizer);
     tmem::Tape<B> tape;
     train.run([&] { return helped.loss(tape); });
   }
