@@ -16,7 +16,7 @@
 // lookup from host code in `trainmem::cuda::kernels` (the launchers) never searches: a
 // launcher names a kernel as `device::kernel`, and a host call to, say, `narrow` is a
 // compile error instead of a process exit. What both sides need is `__host__ __device__` and stays outside.
-// tests/cuda/host_exit_guard.cmake scans the compiled host code for the fingerprint.
+// tests/backend/cuda/host_exit_guard.cmake scans the compiled host code for the fingerprint.
 #pragma once
 
 #include <cuda_bf16.h>

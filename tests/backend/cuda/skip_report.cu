@@ -1,4 +1,4 @@
-// tests/cuda/skip_report.cu — one line at the end of the run saying how many CUDA cases were skipped.
+// tests/backend/cuda/skip_report.cu — one line at the end of the run saying how many CUDA cases were skipped.
 //
 // Each TEST_CASE skips itself without a device (TRAINMEM_REQUIRE_CUDA_DEVICE); this
 // listener prints the device the run used at the start and, at the end, the number of

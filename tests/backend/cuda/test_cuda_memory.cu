@@ -1,4 +1,4 @@
-// tests/cuda/test_cuda_memory.cu — the pool allocator's accounting, errors, copies and offload.
+// tests/backend/cuda/test_cuda_memory.cu — the pool allocator's accounting, errors, copies and offload.
 //
 // Byte counts are checked against the sizes the test itself asked for; errors against
 // the text a user needs (what was asked, what is live); offload round trips against

@@ -1,4 +1,4 @@
-// tests/cuda/test_cuda_ops.cu — every op, forward and backward, on cuda::Backend against an FP64 reference.
+// tests/backend/cuda/test_cuda_ops.cu — every op, forward and backward, on cuda::Backend against an FP64 reference.
 //
 // Each case builds the same graph through the public ops on both backends: the
 // reference is cpu::Backend in F64 on inputs (and the upstream gradient) already

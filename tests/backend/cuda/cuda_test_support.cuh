@@ -1,4 +1,4 @@
-// tests/cuda/cuda_test_support.cuh — what the CUDA tests share: device gate, inputs, references.
+// tests/backend/cuda/cuda_test_support.cuh — what the CUDA tests share: device gate, inputs, references.
 //
 // Every TEST_CASE starts with TRAINMEM_REQUIRE_CUDA_DEVICE(): without a device it says
 // so (WARN), counts the skip, and returns; the skip report (skip_report.cu) prints

@@ -1,4 +1,4 @@
-// tests/amp/test_clip_grad_norm.cpp — global gradient-norm clipping, alone and after unscale_.
+// tests/optim/test_clip_grad_norm.cpp — global gradient-norm clipping, alone and after unscale_.
 //
 // References: the 2-norm in closed form (a 3-4-12-13 quadruple) and summed in f64.
 #include <catch2/catch.hpp>

@@ -1,4 +1,4 @@
-// tests/cuda/test_cuda_amp.cu — the loss scaler's device kernels and the fused optimizer pass.
+// tests/backend/cuda/test_cuda_amp.cu — the loss scaler's device kernels and the fused optimizer pass.
 //
 // References are host computations written out here: the unscaled value of each
 // element is narrow(widen(g) * (1/scale)) in the element's accumulator type; the scale

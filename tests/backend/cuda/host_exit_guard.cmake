@@ -1,4 +1,4 @@
-# tests/cuda/host_exit_guard.cmake — fails when compiled CUDA host code calls exit().
+# tests/backend/cuda/host_exit_guard.cmake — fails when compiled CUDA host code calls exit().
 #
 # nvcc compiles a host function's call to a __device__-only function into `exit(1)`
 # and says nothing (NOTE [Device-only names] in backend/cuda/element_io.cuh). The layout

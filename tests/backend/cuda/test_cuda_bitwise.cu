@@ -1,4 +1,4 @@
-// tests/cuda/test_cuda_bitwise.cu — results that must equal the CPU backend's bit for bit.
+// tests/backend/cuda/test_cuda_bitwise.cu — results that must equal the CPU backend's bit for bit.
 //
 // Where no sum is reordered the GPU must give the CPU's bits: dropout (the same Philox
 // draws and the same multiply and rounding, so a checkpoint recompute on either

@@ -1,4 +1,4 @@
-// tests/cuda/test_cuda_step.cu — what a training step on the GPU must not do: wait, poison, wedge, round twice.
+// tests/backend/cuda/test_cuda_step.cu — what a training step on the GPU must not do: wait, poison, wedge, round twice.
 //
 // Each case names the defect it guards against (issue 12). The host-wait cases use two
 // independent witnesses: the backend's own count (host_syncs()) and a gate kernel that

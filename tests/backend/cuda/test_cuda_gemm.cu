@@ -1,4 +1,4 @@
-// tests/cuda/test_cuda_gemm.cu — cuda::Backend::gemm and gemm_bias against an FP64 loop.
+// tests/backend/cuda/test_cuda_gemm.cu — cuda::Backend::gemm and gemm_bias against an FP64 loop.
 //
 // Every element is held to the componentwise bound of a dot product accumulated in
 // FP32 (FP64 for f64) and stored in C's dtype:
