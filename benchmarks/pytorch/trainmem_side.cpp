@@ -25,7 +25,6 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <ctime>
@@ -42,6 +41,7 @@
 #include <sys/resource.h>
 
 #include "common/stats.hpp"
+#include "common/timing.hpp"
 #include "trainmem/trainmem.hpp"
 
 #if defined(_OPENMP)
@@ -317,13 +317,9 @@ int main(int argc, char** argv) {
 
   const std::int64_t rss_baseline = proc_status_bytes("VmRSS");
   const bool hwm_reset = reset_peak_rss();
-  backend.memory().reset_peak();
+  const tmem::PeakWindow run_window(backend.memory());  // the peaks of the training steps only
   const std::int64_t live_at_start = backend.memory().live_total();
 
-  using Clock = std::chrono::steady_clock;
-  auto ms = [](Clock::time_point a, Clock::time_point b) {
-    return std::chrono::duration<double, std::milli>(b - a).count();
-  };
   std::vector<double> losses, step_ms, step_cpu_ms, forward_ms, backward_ms, optimizer_ms;
   // Process CPU time (all threads): steadier than wall time on a machine shared with other work.
   auto cpu_ms = [] { return 1e3 * static_cast<double>(std::clock()) / CLOCKS_PER_SEC; };
@@ -339,7 +335,7 @@ int main(int argc, char** argv) {
       stats.mark("forward");
     }
     const double c0 = cpu_ms();
-    const auto t0 = Clock::now();
+    const benchmarks::Stopwatch clock;
     tmem::Tape<B> tape;
     Var loss;
     {
@@ -348,10 +344,10 @@ int main(int argc, char** argv) {
       const Var x = tape.input(inputs);
       loss = tmem::cross_entropy(model->logits(forward_blocks(tape, x)), labels);
     }
-    const auto t1 = Clock::now();
+    const double t1 = clock.ms();
     stats.mark("backward");
     tape.backward(loss);
-    const auto t2 = Clock::now();
+    const double t2 = clock.ms();
     const double c2 = cpu_ms();
     losses.push_back(loss.value().to_host<double>()[0]);
     if (step == 0) {  // every gradient after the first step, before the update consumes it
@@ -363,29 +359,30 @@ int main(int argc, char** argv) {
       write_floats(dir / ("grads_" + config + ".bin"), grads);
     }
     const double c3 = cpu_ms();
-    const auto t3 = Clock::now();
+    const double t3 = clock.ms();
     stats.mark("optimizer");
     optimizer.step();
     optimizer.zero_grad();
     tape.clear();
-    const auto t4 = Clock::now();
+    const double t4 = clock.ms();
     const double c4 = cpu_ms();
     if (step >= warmup) {
       step_cpu_ms.push_back(c2 - c0 + c4 - c3);
-      forward_ms.push_back(ms(t0, t1));
-      backward_ms.push_back(ms(t1, t2));
-      optimizer_ms.push_back(ms(t3, t4));
-      step_ms.push_back(ms(t0, t2) + ms(t3, t4));
+      forward_ms.push_back(t1);
+      backward_ms.push_back(t2 - t1);
+      optimizer_ms.push_back(t4 - t3);
+      step_ms.push_back(t2 + (t4 - t3));  // the host copies of the loss and first gradients left out
     }
   }
 
   const tmem::MemoryStats& mem = backend.memory();
+  const tmem::PeakBytes peaks = run_window.peaks();
   json timeline_json;
   if (timeline) timeline_json = peak_neighbourhood(mem.timeline(), live_at_last_step, 40);
   json peak_by_category = json::object();
   for (std::size_t c = 0; c < tmem::kMemCategoryCount; ++c) {
     const auto cat = static_cast<tmem::MemCategory>(c);
-    peak_by_category[std::string(tmem::name_of(cat))] = mem.peak(cat);
+    peak_by_category[std::string(tmem::name_of(cat))] = peaks[cat];
   }
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
@@ -429,7 +426,7 @@ int main(int argc, char** argv) {
       {"memory",
        {{"accounting", "trainmem MemoryStats (every tensor byte, by category)"},
         {"live_at_start_bytes", live_at_start},
-        {"peak_total_bytes", mem.peak_total()},
+        {"peak_total_bytes", peaks.total},
         {"peak_by_category_bytes", peak_by_category},
         {"allocator_cached_bytes_at_end", backend.allocator().cached_bytes()},
         {"last_step_timeline", timeline_json}}},
@@ -446,6 +443,6 @@ int main(int argc, char** argv) {
       "(MemoryStats), peak RSS %.1f MiB, %d threads\n",
       model_name.c_str(), config.c_str(), losses.front(), losses.back(), benchmarks::median(step_ms),
       benchmarks::median(forward_ms), benchmarks::median(backward_ms), benchmarks::median(optimizer_ms),
-      static_cast<double>(mem.peak_total()) / (1 << 20), static_cast<double>(hwm) / (1 << 20), threads);
+      static_cast<double>(peaks.total) / (1 << 20), static_cast<double>(hwm) / (1 << 20), threads);
   return 0;
 }
