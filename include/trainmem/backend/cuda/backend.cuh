@@ -1,22 +1,20 @@
 // trainmem/backend/cuda/backend.cuh — the CUDA backend: cuBLASLt GEMM, CUDA kernels, a stream-ordered pool.
 //
-// cuda::Backend meets the Backend concept (core/backend_contract.hpp) with the meaning
-// cpu::Backend gives each method, so every op, the tape, checkpointing, amp and the
-// optimizers run on it unchanged; it has the fused GEMM epilogue (HasGemmBias) and
-// activation offload (HasOffload, NOTE [Offload ordering] in offload.cuh). Its
-// methods assert what the calling ops validated (NOTE [Ops validate, backends assert]).
+// cuda::Backend meets the Backend concept (core/backend_contract.hpp) with the meaning cpu::Backend
+// gives each method, so every op, the tape, checkpointing, amp and the optimizers run on it
+// unchanged; it has the fused GEMM epilogue (HasGemmBias) and activation offload (HasOffload, NOTE
+// [Offload ordering] in offload.cuh), and asserts what the calling ops validated (NOTE [Ops
+// validate, backends assert]).
 //
-// One backend is one device and one stream (stream.cuh). All work is queued on that
-// stream in call order, so results are ordered without synchronising. The host waits
-// only where the user asks for a value or a wait: download() (to_host), synchronize(),
-// an upload from pinned memory (which the caller may reuse when it returns), and the
-// allocator's out-of-memory retry; host_syncs() counts them (NOTE [Checks without a
-// host wait]). Kernels launch asynchronously: a fault inside one surfaces as
-// trainmem::Error at the next checked call. Memory is accounted per category in
-// memory() exactly as on the CPU (requested bytes); the pool, the cuBLASLt workspace
-// and scratch buffers all come from the tracked allocator. A backend must outlive its
-// tensors and HostCopies. Do not compile with --use_fast_math: it changes division,
-// exp and the rounding that dropout masks and the comparison with the CPU rely on.
+// One backend is one device and one stream (stream.cuh). All work is queued on that stream in call
+// order, so results are ordered without synchronising. The host waits only where the user asks for
+// a value or a wait: download() (to_host), synchronize(), an upload from pinned memory, and the
+// allocator's out-of-memory retry; host_syncs() counts them (NOTE [Checks without a host wait]). A
+// fault inside a kernel surfaces as trainmem::Error at the next checked call. Memory is accounted
+// per category in memory() as on the CPU (requested bytes); the pool, the cuBLASLt workspace and
+// scratch buffers all come from the tracked allocator. A backend must outlive its tensors and
+// HostCopies. Do not compile with --use_fast_math: it changes division, exp and the rounding that
+// dropout masks and the comparison with the CPU rely on.
 #pragma once
 
 #include <cstddef>
