@@ -1,10 +1,9 @@
 // trainmem/backend/cuda/backend.cuh — the CUDA backend: cuBLASLt GEMM, CUDA kernels, a stream-ordered pool.
 //
-// cuda::Backend meets the Backend concept (core/backend_contract.hpp) with the meaning cpu::Backend
-// gives each method, so every op, the tape, checkpointing, amp and the optimizers run on it
-// unchanged; it has the fused GEMM epilogue (HasGemmBias) and activation offload (HasOffload, NOTE
-// [Offload ordering] in offload.cuh), and asserts what the calling ops validated (NOTE [Ops
-// validate, backends assert]).
+// cuda::Backend meets the Backend concept (core/backend_contract.hpp) with cpu::Backend's meaning
+// for each method, so every op, the tape, checkpointing, amp and the optimizers run on it unchanged;
+// it has the fused GEMM epilogue (HasGemmBias) and offload (HasOffload, NOTE [Offload ordering] in
+// offload.cuh), and asserts what the ops validated (NOTE [Ops validate, backends assert]).
 //
 // One backend is one device and one stream (stream.cuh). All work is queued on that stream in call
 // order, so results are ordered without synchronising. The host waits only where the user asks for
