@@ -220,7 +220,8 @@ examples::StepMemory measure_memory(const Options& o, const MemorySettings& sett
 /// The planner's schedule for a whole-step budget, planned on a fresh model (its profile
 /// steps are real training steps, so they do not touch the model that is trained).
 template <class Model>
-std::vector<tmem::Segment> plan_schedule(const Options& o, const Dataset& train, std::int64_t budget) {
+std::vector<tmem::Segment> plan_schedule(const Options& o, const Dataset& train, std::int64_t budget,
+                                         bool report = true) {
   Model model = make_model<Model>(o);
   tmem::optim::AdamW<B> optimizer(model.parameters(), {.lr = o.lr, .weight_decay = o.weight_decay});
   tmem::amp::TrainStep<B> precision(optimizer, {.precision = examples::dtype_of(o.settings.precision)});
@@ -239,6 +240,7 @@ std::vector<tmem::Segment> plan_schedule(const Options& o, const Dataset& train,
   const auto start = Clock::now();
   const tmem::Planner<B> planner(stages, step);
   const tmem::CheckpointPlan<B> plan = planner.plan(tmem::Budget::whole_step(budget));
+  if (!report) return plan.segments();
   std::printf("%s", plan.str().c_str());
   std::printf("%s", plan.compare(planner.measure(plan)).c_str());
   std::printf("(profiled and planned in %.1f s)\n\n", std::chrono::duration<double>(Clock::now() - start).count());
@@ -498,14 +500,20 @@ void print_rank_memory_table(tmem::dist::Communicator<B>& comm, const RankMemory
   for (std::size_t r = 0; r < ranks; ++r) std::printf(" %12lld", static_cast<long long>(all[r * kRow + kRow - 1]));
   std::printf("   bytes of parameters + gradients + masters + optimizer state once reduced\n");
   const double p = static_cast<double>(psi), n = static_cast<double>(comm.size());
-  if (tmem::is_16bit(examples::dtype_of(o.settings.precision))) {
-    const double formula = o.zero == 0 ? 16 * p : o.zero == 1 ? 4 * p + 12 * p / n : 2 * p + 14 * p / n;
-    const char* name = o.zero == 0 ? "16 psi" : o.zero == 1 ? "4 psi + 12 psi / N" : "2 psi + 14 psi / N";
-    std::printf("ZeRO formula for the model state, psi = %lld: %s = %.0f bytes per rank\n", static_cast<long long>(psi),
-                name, formula);
-  }
+  // 16-bit: 2-byte weights and gradients, 12 bytes of f32 master and moments; f32: 4-byte
+  // weights and gradients, 8 bytes of moments and no masters.
+  const bool half = tmem::is_16bit(examples::dtype_of(o.settings.precision));
+  const double w = half ? 2 : 4, g = half ? 2 : 4, state = half ? 12 : 8;
+  const double formula = o.zero == 0   ? (w + g + state) * p
+                         : o.zero == 1 ? (w + g) * p + state * p / n
+                                       : w * p + (g + state) * p / n;
+  const std::string name = o.zero == 0   ? "16 psi"
+                           : o.zero == 1 ? (half ? "4 psi + 12 psi / N" : "8 psi + 8 psi / N")
+                                         : (half ? "2 psi + 14 psi / N" : "4 psi + 12 psi / N");
+  std::printf("ZeRO formula for the model state, psi = %lld: %s = %.0f bytes per rank\n", static_cast<long long>(psi),
+              name.c_str(), formula);
   std::printf(
-      "(peaks: the gradient row holds the f32 reduce buckets; under ZeRO-2 the full 16-bit gradients live "
+      "(peaks: the gradient row holds the f32 reduce buckets; under ZeRO-2 the full gradients live "
       "from backward until they are reduced)\n");
 }
 
@@ -515,12 +523,24 @@ int run_sharded(Options o, examples::FashionMnist data, tmem::dist::Communicator
   const auto run_start = Clock::now();
   apply_defaults(o);
   const bool lead = comm.rank() == 0;
-  tmem::require(o.settings.checkpoint.kind != examples::CheckpointSchedule::Kind::Plan,
-                "--zero: --checkpoint plan:F is not wired into the data-parallel run; use none, sqrt, every:K or "
-                "selective");
   tmem::require(o.batch % comm.size() == 0, "--zero: the batch ", o.batch, " must divide by the ", comm.size(),
                 " ranks (each rank takes an equal slice, so the mean of their losses is the batch's)");
   auto [train, test] = normalised(o, std::move(data));
+  if (o.settings.checkpoint.kind == examples::CheckpointSchedule::Kind::Plan) {
+    // One process's plan for the global batch, made on every rank (profiled times may
+    // differ between ranks, and so may their schedules: no gradient changes with them).
+    // A budget scaled down to a rank's slice would not fit: model state does not shrink.
+    const examples::StepMemory plain = measure_memory<Model>(o, o.settings.plain(), train, false);
+    const auto budget =
+        static_cast<std::int64_t>(o.settings.checkpoint.plan_fraction * static_cast<double>(plain.peak.total));
+    if (lead)
+      std::printf(
+          "planning as one process for a whole-step budget of %s (%g x the plain F32 step's %s); rank 0's "
+          "plan, each rank runs its own on its slice:\n",
+          examples::format_bytes(static_cast<double>(budget)).c_str(), o.settings.checkpoint.plan_fraction,
+          examples::format_bytes(static_cast<double>(plain.peak.total)).c_str());
+    o.settings.checkpoint.plan = plan_schedule<Model>(o, train, budget, lead);
+  }
   const examples::StepMemory one_process = measure_memory<Model>(o, o.settings, train, false);
   const RankMemory mine = measure_sharded_memory<Model>(o, comm, train);
 
