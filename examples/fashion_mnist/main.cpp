@@ -11,10 +11,17 @@
 // Precision and checkpoint schedule enter in one place each (common/training.hpp);
 // settings the example cannot run yet are refused by name.
 //
+// Built with MPI, `--zero 0|1|2` under mpirun trains data-parallel: every rank takes its
+// 1/N slice of each global batch (the same batches, in the same order, as one process),
+// the gradients are averaged over the ranks, and ZeRO-1/2 shard the f32 masters, AdamW
+// moments (and gradients) over them (fashion_mnist/sharded_step.hpp). Rank 0 reports
+// test accuracy and a table of every rank's peak bytes per category.
+//
 //   fashion_mnist                         # residual MLP, batch 2048, F32, planner at 0.45x, 12 epochs
 //   fashion_mnist --model mlp             # MLP, BF16 + sqrt checkpointing, 5 epochs
 //   fashion_mnist --model vit             # vision transformer over 7x7 patches, 15 epochs
 //   fashion_mnist --train-limit 5000 --epochs 1   # a quick look
+//   mpirun -np 2 fashion_mnist --zero 2 --checkpoint sqrt   # two ranks, ZeRO-2
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -23,6 +30,7 @@
 #endif
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -31,7 +39,9 @@
 #include <fstream>
 #include <numeric>
 #include <random>
+#include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/idx_reader.hpp"
@@ -40,6 +50,11 @@
 #include "common/settings.hpp"
 #include "common/training.hpp"
 #include "fashion_mnist/models.hpp"
+#include "fashion_mnist/sharded_step.hpp"
+
+#ifdef TRAINMEM_WITH_MPI
+#include "trainmem/dist/mpi.hpp"
+#endif
 
 namespace {
 
@@ -63,6 +78,7 @@ struct Options {
   examples::VitConfig vit;
   examples::ResMlpConfig resmlp;
   std::string augment;  // empty: the model's default
+  int zero = -1;        // -1: one process; 0, 1, 2: the ZeRO stage of a data-parallel run
 };
 
 /// Defaults per model: what reaches the accuracy targets (mlp 88.3%, vit 89%) in a few
@@ -204,7 +220,8 @@ examples::StepMemory measure_memory(const Options& o, const MemorySettings& sett
 /// The planner's schedule for a whole-step budget, planned on a fresh model (its profile
 /// steps are real training steps, so they do not touch the model that is trained).
 template <class Model>
-std::vector<tmem::Segment> plan_schedule(const Options& o, const Dataset& train, std::int64_t budget) {
+std::vector<tmem::Segment> plan_schedule(const Options& o, const Dataset& train, std::int64_t budget,
+                                         bool report = true) {
   Model model = make_model<Model>(o);
   tmem::optim::AdamW<B> optimizer(model.parameters(), {.lr = o.lr, .weight_decay = o.weight_decay});
   tmem::amp::TrainStep<B> precision(optimizer, {.precision = examples::dtype_of(o.settings.precision)});
@@ -223,6 +240,7 @@ std::vector<tmem::Segment> plan_schedule(const Options& o, const Dataset& train,
   const auto start = Clock::now();
   const tmem::Planner<B> planner(stages, step);
   const tmem::CheckpointPlan<B> plan = planner.plan(tmem::Budget::whole_step(budget));
+  if (!report) return plan.segments();
   std::printf("%s", plan.str().c_str());
   std::printf("%s", plan.compare(planner.measure(plan)).c_str());
   std::printf("(profiled and planned in %.1f s)\n\n", std::chrono::duration<double>(Clock::now() - start).count());
@@ -235,17 +253,18 @@ std::string percent(double fraction) {
   return text;
 }
 
-template <class Model>
-int run(Options o, examples::FashionMnist data) {
-  const auto run_start = Clock::now();
+/// Fills in the model's defaults for every option left unset.
+void apply_defaults(Options& o) {
   const ModelDefaults d = defaults_for(o.model);
   if (o.epochs == 0) o.epochs = d.epochs;
   if (o.lr == 0.0) o.lr = d.lr;
   if (o.weight_decay < 0.0) o.weight_decay = d.weight_decay;
   if (o.augment.empty()) o.augment = d.augment;
   if (o.batch == 0) o.batch = d.batch;
+}
 
-  // Normalise with the training set's own mean and standard deviation.
+/// The training and test sets, normalised with the training set's own mean and standard deviation.
+std::pair<Dataset, Dataset> normalised(const Options& o, examples::FashionMnist data) {
   double sum = 0.0, sum_sq = 0.0;
   for (std::uint8_t p : data.train.pixels) {
     const double v = p / 255.0;
@@ -257,6 +276,14 @@ int run(Options o, examples::FashionMnist data) {
   const float stddev = static_cast<float>(std::sqrt(sum_sq / count - (sum / count) * (sum / count)));
   Dataset train(std::move(data.train), mean, stddev), test(std::move(data.test), mean, stddev);
   if (o.train_limit > 0 && o.train_limit < train.size()) train.keep_first(o.train_limit);
+  return {std::move(train), std::move(test)};
+}
+
+template <class Model>
+int run(Options o, examples::FashionMnist data) {
+  const auto run_start = Clock::now();
+  apply_defaults(o);
+  auto [train, test] = normalised(o, std::move(data));
 
   // Memory of one step: the chosen settings (with the timeline) and the plain FP32 step.
   // A planned schedule gets its budget from the plain step's measured peak.
@@ -388,6 +415,206 @@ int run(Options o, examples::FashionMnist data) {
   return 0;
 }
 
+/// Rows [rank n / size, (rank + 1) n / size) of a gathered global batch: this rank's slice.
+void keep_rank_slice(std::vector<float>& images, std::vector<std::int32_t>& labels, int rank, int size) {
+  const auto n = static_cast<std::int64_t>(labels.size());
+  const std::int64_t begin = rank * n / size, end = (rank + 1) * n / size;
+  images.assign(images.begin() + begin * examples::kPixels, images.begin() + end * examples::kPixels);
+  labels.assign(labels.begin() + begin, labels.begin() + end);
+}
+
+/// One data-parallel step on this rank's images: cross-entropy, averaged over ranks.
+template <class Model>
+tmem::amp::StepReport<B> sharded_classifier_step(tmem::Tape<B>& tape, const Model& model,
+                                                 const std::vector<examples::Stage<B>>& stages,
+                                                 const std::vector<float>& images,
+                                                 const std::vector<std::int32_t>& labels,
+                                                 const examples::CheckpointSchedule& checkpoint,
+                                                 examples::ShardedStep<B>& step) {
+  const auto n = static_cast<std::int64_t>(labels.size());
+  const tmem::Tensor<B> targets = labels_tensor(labels);
+  const tmem::Tensor<B> input = model.input(images, n);
+  const tmem::amp::StepReport<B> report = step.run(
+      [&] { return tmem::cross_entropy(examples::run_stages(stages, model.embed(tape, input), checkpoint), targets); });
+  tape.clear();
+  tape.backend().memory().mark("end");
+  return report;
+}
+
+/// One rank's memory: peak bytes per category of a steady step, and the model state
+/// (parameters, gradients, masters, optimizer state) right after the gradients are reduced.
+struct RankMemory {
+  examples::StepMemory step;
+  std::int64_t model_state = 0;
+};
+
+/// One steady data-parallel step of a fresh model on this rank's slice of the first
+/// global batch (a collective: every rank measures at once).
+template <class Model>
+RankMemory measure_sharded_memory(const Options& o, tmem::dist::Communicator<B>& comm, const Dataset& train) {
+  const std::int64_t before = examples::ShardedStep<B>::model_state_bytes(B::default_instance().memory());
+  Model model = make_model<Model>(o);
+  examples::ShardedStep<B> step(comm, model.parameters(), o.zero, examples::dtype_of(o.settings.precision),
+                                {.lr = o.lr, .weight_decay = o.weight_decay});
+  tmem::Tape<B> tape;
+  std::vector<float> images;
+  std::vector<std::int32_t> labels;
+  first_batch(o, train, images, labels);
+  keep_rank_slice(images, labels, comm.rank(), comm.size());
+  const auto stages = model.stages(true);
+  const auto one = [&] { sharded_classifier_step(tape, model, stages, images, labels, o.settings.checkpoint, step); };
+  RankMemory m;
+  m.step = examples::measure_steady_step(B::default_instance().memory(), one, false);
+  m.model_state = step.model_state_after_reduce() - before;
+  return m;
+}
+
+/// Rank 0 prints every rank's peak bytes per category next to one process's step on the
+/// whole global batch, and the ZeRO formula for the model state.
+void print_rank_memory_table(tmem::dist::Communicator<B>& comm, const RankMemory& mine,
+                             const examples::StepMemory& one_process, std::int64_t psi, const Options& o) {
+  const auto ranks = static_cast<std::size_t>(comm.size());
+  constexpr std::size_t kRow = examples::kMemCategoryCount + 1;  // the peaks, then the model state
+  std::array<std::int64_t, kRow> row{};
+  std::copy(mine.step.peak.by_category.begin(), mine.step.peak.by_category.end(), row.begin());
+  row.back() = mine.model_state;
+  std::vector<std::int64_t> all(kRow * ranks);
+  comm.all_gather_host(std::as_bytes(std::span(row)), std::as_writable_bytes(std::span(all)));
+  if (comm.rank() != 0) return;
+  std::printf("\nmemory of one training step per rank (ZeRO-%d, %zu ranks, %lld images each), peak bytes:\n", o.zero,
+              ranks, static_cast<long long>(o.batch / comm.size()));
+  std::printf("%-18s", "peak bytes");
+  for (std::size_t r = 0; r < ranks; ++r) std::printf(" %12s", ("rank " + std::to_string(r)).c_str());
+  std::printf(" %14s\n", "one process");
+  for (std::size_t c = 0; c < examples::kMemCategoryCount; ++c) {
+    bool any = one_process.peak.by_category[c] != 0;
+    for (std::size_t r = 0; r < ranks; ++r) any = any || all[r * kRow + c] != 0;
+    if (!any) continue;
+    const auto name = tmem::name_of(static_cast<tmem::MemCategory>(c));
+    std::printf("%-18.*s", static_cast<int>(name.size()), name.data());
+    for (std::size_t r = 0; r < ranks; ++r)
+      std::printf(" %12s", examples::format_bytes(static_cast<double>(all[r * kRow + c])).c_str());
+    std::printf(" %14s\n", examples::format_bytes(static_cast<double>(one_process.peak.by_category[c])).c_str());
+  }
+  std::printf("%-18s", "model state");
+  for (std::size_t r = 0; r < ranks; ++r) std::printf(" %12lld", static_cast<long long>(all[r * kRow + kRow - 1]));
+  std::printf("   bytes of parameters + gradients + masters + optimizer state once reduced\n");
+  const double p = static_cast<double>(psi), n = static_cast<double>(comm.size());
+  // 16-bit: 2-byte weights and gradients, 12 bytes of f32 master and moments; f32: 4-byte
+  // weights and gradients, 8 bytes of moments and no masters.
+  const bool half = tmem::is_16bit(examples::dtype_of(o.settings.precision));
+  const double w = half ? 2 : 4, g = half ? 2 : 4, state = half ? 12 : 8;
+  const double formula = o.zero == 0   ? (w + g + state) * p
+                         : o.zero == 1 ? (w + g) * p + state * p / n
+                                       : w * p + (g + state) * p / n;
+  const std::string name = o.zero == 0   ? "16 psi"
+                           : o.zero == 1 ? (half ? "4 psi + 12 psi / N" : "8 psi + 8 psi / N")
+                                         : (half ? "2 psi + 14 psi / N" : "4 psi + 12 psi / N");
+  std::printf("ZeRO formula for the model state, psi = %lld: %s = %.0f bytes per rank\n", static_cast<long long>(psi),
+              name.c_str(), formula);
+  std::printf(
+      "(peaks: the gradient row holds the f32 reduce buckets; under ZeRO-2 the full gradients live "
+      "from backward until they are reduced)\n");
+}
+
+/// The data-parallel run: the same global batches as run(), each rank on its slice.
+template <class Model>
+int run_sharded(Options o, examples::FashionMnist data, tmem::dist::Communicator<B>& comm) {
+  const auto run_start = Clock::now();
+  apply_defaults(o);
+  const bool lead = comm.rank() == 0;
+  tmem::require(o.batch % comm.size() == 0, "--zero: the batch ", o.batch, " must divide by the ", comm.size(),
+                " ranks (each rank takes an equal slice, so the mean of their losses is the batch's)");
+  auto [train, test] = normalised(o, std::move(data));
+  if (o.settings.checkpoint.kind == examples::CheckpointSchedule::Kind::Plan) {
+    // One process's plan for the global batch, made on every rank (profiled times may
+    // differ between ranks, and so may their schedules: no gradient changes with them).
+    // A budget scaled down to a rank's slice would not fit: model state does not shrink.
+    const examples::StepMemory plain = measure_memory<Model>(o, o.settings.plain(), train, false);
+    const auto budget =
+        static_cast<std::int64_t>(o.settings.checkpoint.plan_fraction * static_cast<double>(plain.peak.total));
+    if (lead)
+      std::printf(
+          "planning as one process for a whole-step budget of %s (%g x the plain F32 step's %s); rank 0's "
+          "plan, each rank runs its own on its slice:\n",
+          examples::format_bytes(static_cast<double>(budget)).c_str(), o.settings.checkpoint.plan_fraction,
+          examples::format_bytes(static_cast<double>(plain.peak.total)).c_str());
+    o.settings.checkpoint.plan = plan_schedule<Model>(o, train, budget, lead);
+  }
+  const examples::StepMemory one_process = measure_memory<Model>(o, o.settings, train, false);
+  const RankMemory mine = measure_sharded_memory<Model>(o, comm, train);
+
+  Model model = make_model<Model>(o);
+  std::int64_t parameter_count = 0;
+  for (const auto& p : model.parameters()) parameter_count += p.numel();
+  examples::ShardedStep<B> sharded(comm, model.parameters(), o.zero, examples::dtype_of(o.settings.precision),
+                                   {.lr = o.lr, .weight_decay = o.weight_decay});
+  tmem::Tape<B> tape;
+  tape.manual_seed(o.seed + static_cast<std::uint64_t>(comm.rank()));  // each rank its own dropout masks
+  int threads = 1;
+#ifdef _OPENMP
+  threads = omp_get_max_threads();
+#endif
+  if (lead) {
+    std::printf("fashion_mnist: %s (%lld parameters), ZeRO-%d on %d ranks\n", model.describe().c_str(),
+                static_cast<long long>(parameter_count), o.zero, comm.size());
+    std::printf(
+        "  %s; AdamW lr %g (warm-up, cosine), weight decay %g; global batch %lld (%lld per rank), %d epochs, %lld "
+        "training images%s, seed %llu, %d threads per rank\n",
+        o.settings.str().c_str(), o.lr, o.weight_decay, static_cast<long long>(o.batch),
+        static_cast<long long>(o.batch / comm.size()), o.epochs, static_cast<long long>(train.size()),
+        o.augment == "flip" ? " (random left-right flips)" : "", static_cast<unsigned long long>(o.seed), threads);
+  }
+
+  std::mt19937_64 shuffle_rng(o.seed);
+  std::vector<std::int64_t> order(static_cast<std::size_t>(train.size()));
+  std::iota(order.begin(), order.end(), 0);
+  const std::int64_t steps_per_epoch = (train.size() + o.batch - 1) / o.batch;
+  const std::int64_t total_steps = steps_per_epoch * o.epochs;
+  std::vector<float> images;
+  std::vector<std::int32_t> labels;
+  examples::ProgressLine progress;
+  double accuracy = 0.0, train_seconds = 0.0;
+  for (int epoch = 1; epoch <= o.epochs; ++epoch) {
+    const auto epoch_start = Clock::now();
+    std::shuffle(order.begin(), order.end(), shuffle_rng);
+    const auto stages = model.stages(true);
+    if (lead) progress.start_epoch(epoch, o.epochs, steps_per_epoch);
+    for (std::int64_t step = 0; step < steps_per_epoch; ++step) {
+      // Every rank gathers the whole global batch, so the flips draw as in one process.
+      const std::int64_t begin = step * o.batch, n = std::min(o.batch, train.size() - begin);
+      tmem::require(n % comm.size() == 0, "--zero: the last batch of ", n, " images does not divide by ", comm.size(),
+                    " ranks; choose --train-limit accordingly");
+      train.gather(order.data() + begin, n, images, labels, o.augment == "flip" ? &shuffle_rng : nullptr);
+      keep_rank_slice(images, labels, comm.rank(), comm.size());
+      sharded.set_lr(examples::learning_rate(o.lr, (epoch - 1) * steps_per_epoch + step, total_steps));
+      const tmem::amp::StepReport<B> report =
+          sharded_classifier_step(tape, model, stages, images, labels, o.settings.checkpoint, sharded);
+      if (lead) progress.update(step + 1, n, report.loss_value(), sharded.status());
+    }
+    train_seconds += std::chrono::duration<double>(Clock::now() - epoch_start).count();
+    if (!lead) continue;  // every rank holds the same weights: rank 0 alone evaluates
+    accuracy = test_accuracy(tape, model, test);
+    char summary[160];
+    std::snprintf(summary, sizeof summary, "mean loss %.4f (rank 0), test accuracy %s, %.1f s", progress.mean_loss(),
+                  percent(accuracy).c_str(), std::chrono::duration<double>(Clock::now() - epoch_start).count());
+    progress.finish_epoch(summary);
+  }
+  comm.barrier();
+  if (lead) {
+    std::printf("\ntest accuracy %s after %d epochs (ZeRO-%d, %d ranks)\n", percent(accuracy).c_str(), o.epochs, o.zero,
+                comm.size());
+    std::printf("wall time %.1f s (training %.1f s, %.1f s per epoch)\n",
+                std::chrono::duration<double>(Clock::now() - run_start).count(), train_seconds,
+                train_seconds / o.epochs);
+    if (sharded.skipped_steps() > 0)
+      std::printf("skipped steps %lld of %lld\n", static_cast<long long>(sharded.skipped_steps()),
+                  static_cast<long long>(total_steps));
+  }
+  print_rank_memory_table(comm, mine, one_process, parameter_count, o);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -450,6 +677,11 @@ int main(int argc, char** argv) {
   app.add_option("--mlp-hidden", o.vit.mlp_hidden, "vit: hidden width of each block's MLP")
       ->check(CLI::PositiveNumber)
       ->group("Model shape");
+  app.add_option("--zero", o.zero,
+                 "data-parallel under mpirun, each rank on its slice of every batch: 0 (gradients averaged), 1 "
+                 "(masters and AdamW moments sharded) or 2 (gradients too); absent: one process")
+      ->check(CLI::Range(0, 2))
+      ->default_str("");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -459,6 +691,21 @@ int main(int argc, char** argv) {
     o.settings.device = examples::parse_device(device);
     examples::require_available(o.settings);
     examples::FashionMnist data = examples::load_fashion_mnist(o.data_dir);
+    if (o.zero >= 0) {
+#ifdef TRAINMEM_WITH_MPI
+      tmem::dist::mpi::Environment environment(&argc, &argv);
+      return tmem::dist::mpi::run([&] {
+        tmem::dist::mpi::Communicator comm;
+        if (o.model == "vit") return run_sharded<examples::VitClassifier<B>>(std::move(o), std::move(data), comm);
+        if (o.model == "resmlp") return run_sharded<examples::ResMlpClassifier<B>>(std::move(o), std::move(data), comm);
+        return run_sharded<examples::MlpClassifier<B>>(std::move(o), std::move(data), comm);
+      });
+#else
+      throw trainmem::Error(
+          "--zero needs MPI: this fashion_mnist was built without it (configure with an MPI found, "
+          "-DTRAINMEM_MPI=ON)");
+#endif
+    }
     if (o.model == "vit") return run<examples::VitClassifier<B>>(std::move(o), std::move(data));
     if (o.model == "resmlp") return run<examples::ResMlpClassifier<B>>(std::move(o), std::move(data));
     return run<examples::MlpClassifier<B>>(std::move(o), std::move(data));

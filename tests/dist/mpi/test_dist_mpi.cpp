@@ -1,18 +1,21 @@
 // tests/dist/mpi/test_dist_mpi.cpp — data parallelism and ZeRO over MPI, one scenario per run.
 //
-//   mpirun -np N test_dist_mpi <equivalence|overflow|empty_shard|memory|mismatch|abort>
+//   mpirun -np N test_dist_mpi <equivalence|overflow|empty_shard|memory|mismatch|checkpoint_bf16|abort>
 //
 // Each rank checks its own results and throws on a failure; dist::mpi::run then names
 // the rank and aborts the job, so a failed check can never leave the others waiting.
 // The references are independent: one process training on the whole global batch
-// (no communicator), the ZeRO byte formulas, bitwise snapshots taken before a step.
+// (no communicator), the ZeRO byte formulas, bitwise snapshots taken before a step,
+// the same sharded run without checkpoint regions.
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "../dist_model.hpp"
+#include "trainmem/checkpoint/sequential.hpp"
 #include "trainmem/dist/mpi.hpp"
 
 using namespace dist_test;
@@ -263,6 +266,145 @@ int mismatch(dist::mpi::Communicator& comm) {
   return 0;
 }
 
+/// A residual MLP: an embedding Linear(7, 16), four blocks x + dropout(fc2(gelu(fc1(layer_norm(x))))),
+/// and a head Linear(16, 3). Ψ = 4595, odd, so the two shards split a parameter.
+struct BlockNet {
+  static constexpr std::int64_t kWidth = 16, kHidden = 32, kBlocks = 4;
+  struct Block {
+    nn::LayerNorm<B> norm;
+    nn::Linear<B> fc1, fc2;
+  };
+  BlockNet() : init(11), embed(kFeatures, kWidth, init, true, DType::F32, "embed") {
+    for (std::int64_t b = 0; b < kBlocks; ++b) {
+      const std::string name = "block" + std::to_string(b);
+      blocks.push_back({nn::LayerNorm<B>(kWidth, 1e-5, DType::F32, name + ".norm"),
+                        nn::Linear<B>(kWidth, kHidden, init, true, DType::F32, name + ".fc1"),
+                        nn::Linear<B>(kHidden, kWidth, init, true, DType::F32, name + ".fc2")});
+    }
+    head.emplace(kWidth, kClasses, init, true, DType::F32, "head");
+  }
+  std::vector<Var<B>> parameters() const {
+    std::vector<Var<B>> ps = embed.parameters();
+    for (const Block& b : blocks)
+      for (const auto& list : {b.norm.parameters(), b.fc1.parameters(), b.fc2.parameters()})
+        for (const auto& p : list) ps.push_back(p);
+    for (const auto& p : head->parameters()) ps.push_back(p);
+    return ps;
+  }
+  /// The blocks as layers: copies of the modules share their parameters.
+  std::vector<Layer<B>> block_layers() const {
+    std::vector<Layer<B>> layers;
+    for (const Block& b : blocks)
+      layers.push_back([b](const Var<B>& x) { return add(x, dropout(b.fc2(gelu(b.fc1(b.norm(x)))), 0.25f)); });
+    return layers;
+  }
+  nn::Init init;
+  nn::Linear<B> embed;
+  std::vector<Block> blocks;
+  std::optional<nn::Linear<B>> head;  // built after the blocks, so it draws from `init` after them
+};
+
+/// How the blocks run: as they are, each block a full-recompute region, or in
+/// checkpoint_sequential's two segments keeping matmul outputs (the last not checkpointed).
+enum class Regions { None, EveryBlock, SelectiveSegments };
+
+/// Appends the raw bytes of `t` (nothing for an undefined or empty tensor).
+void append_bits(std::vector<unsigned char>& out, const Tensor<B>& t) {
+  if (!t.defined() || t.numel() == 0) return;
+  const std::size_t at = out.size();
+  out.resize(at + t.bytes());
+  t.backend().download(out.data() + at, t.data(), t.bytes());
+}
+
+/// The raw bits after 8 AdamW steps of ZeRO-2 with BF16 weights and f32 masters, BF16
+/// autocast, two micro-batches per step, global-norm clipping and dropout: every
+/// parameter first, then this rank's masters and moments.
+struct BlockRun {
+  std::vector<unsigned char> params, shard_state;
+  std::vector<double> initial_weights, final_weights;
+  std::int64_t recomputes = 0;
+};
+BlockRun train_blocks(dist::Communicator<B>& comm, Regions regions) {
+  BlockNet net;
+  BlockRun run;
+  for (const auto& p : net.parameters())
+    for (double v : p.value().to_host<double>()) run.initial_weights.push_back(v);
+  dist::ZeroOptimizer<B> zero(
+      comm, net.parameters(),
+      {.stage = 2, .model_dtype = DType::BF16, .data_parallel = {.bucket_bytes = 256, .accumulation_steps = 2}},
+      adamw_options());
+  const std::vector<Layer<B>> layers = net.block_layers();
+  CheckpointOptions selective;
+  selective.policy = policy::save_matmuls();
+  const std::int64_t rows = kGlobalBatch / comm.size(), first = comm.rank() * rows;
+  const std::int64_t recomputes_before = checkpoint_stats().recomputes;
+  for (int s = 0; s < 8; ++s) {
+    zero.zero_grad();
+    for (int m = 0; m < 2; ++m) {
+      Tape<B> tape;
+      tape.manual_seed(static_cast<std::uint64_t>(1000 * comm.rank() + 10 * s + m));  // each rank its own masks
+      auto [x, labels] = batch(first + m * rows / 2, first + (m + 1) * rows / 2, s);
+      Var<B> loss;
+      {
+        amp::Autocast guard(DType::BF16);
+        Var<B> h = net.embed(tape.input(x));
+        switch (regions) {
+          case Regions::None:
+            for (const auto& layer : layers) h = layer(h);
+            break;
+          case Regions::EveryBlock:
+            for (const auto& layer : layers) h = checkpoint(tape, layer, h);
+            break;
+          case Regions::SelectiveSegments: h = checkpoint_sequential(tape, layers, 2, h, selective); break;
+        }
+        loss = cross_entropy((*net.head)(h), labels);
+      }
+      tape.backward(loss);
+      zero.micro_batch_done();
+    }
+    zero.step(0.05);  // small enough to clip: the global norm enters every update
+  }
+  run.recomputes = checkpoint_stats().recomputes - recomputes_before;
+  for (const auto& p : net.parameters()) {
+    require(p.dtype() == DType::BF16, "'", p.name(), "' is ", p.dtype(), ", not bf16");
+    append_bits(run.params, p.value());
+    for (double v : p.value().to_host<double>()) run.final_weights.push_back(v);
+  }
+  require(zero.masters().dtype() == DType::F32, "the masters are ", zero.masters().dtype());
+  append_bits(run.shard_state, zero.masters());
+  for (const auto& e : zero.shard_optimizer().entries()) {
+    append_bits(run.shard_state, e.first_moment);
+    append_bits(run.shard_state, e.second_moment);
+  }
+  return run;
+}
+
+/// Checkpoint regions (full recompute per block; selective segments) under BF16 autocast
+/// with ZeRO-2's f32 masters leave every weight, master and moment bitwise as the same
+/// sharded run without regions does: a recompute replays the forward's autocast, casts
+/// and dropout masks exactly, so the gradients, their reduce-scatter and the updates match.
+int checkpoint_bf16(dist::mpi::Communicator& comm) {
+  const BlockRun plain = train_blocks(comm, Regions::None);
+  require(plain.recomputes == 0, "the run without regions recomputed ", plain.recomputes, " times");
+  double moved = 0;
+  for (std::size_t i = 0; i < plain.final_weights.size(); ++i)
+    moved = std::max(moved, std::abs(plain.final_weights[i] - plain.initial_weights[i]));
+  require(moved > 1e-3, "training moved no weight by more than ", moved);
+  require_same_on_every_rank(comm, plain.final_weights, "bf16 weights without regions");
+  for (Regions regions : {Regions::EveryBlock, Regions::SelectiveSegments}) {
+    const char* what = regions == Regions::EveryBlock ? "every block a region" : "selective segments";
+    const BlockRun checkpointed = train_blocks(comm, regions);
+    // 8 steps x 2 micro-batches, each recomputing 4 regions (every block) or 1 (the first segment)
+    const std::int64_t expected = 16 * (regions == Regions::EveryBlock ? BlockNet::kBlocks : 1);
+    require(checkpointed.recomputes == expected, what, ": ", checkpointed.recomputes, " recomputes, expected ",
+            expected);
+    require(checkpointed.params == plain.params, what, ": the bf16 weights differ from the run without regions");
+    require(checkpointed.shard_state == plain.shard_state, what,
+            ": the f32 masters or moments differ from the run without regions");
+  }
+  return 0;
+}
+
 /// Rank 1 throws while the others wait in a collective: the job must end, naming rank 1.
 int abort_on_error(dist::mpi::Communicator& comm) {
   if (comm.rank() == 1) throw Error("injected failure");
@@ -282,6 +424,7 @@ int main(int argc, char** argv) {
     if (scenario == "empty_shard") return empty_shard(comm);
     if (scenario == "memory") return memory(comm);
     if (scenario == "mismatch") return mismatch(comm);
+    if (scenario == "checkpoint_bf16") return checkpoint_bf16(comm);
     if (scenario == "abort") return abort_on_error(comm);
     throw Error("test_dist_mpi: unknown scenario '" + scenario + "'");
   });
