@@ -172,12 +172,9 @@ void eigen_path_gemm(const GemmArgs& g, const TA* a, const TA* b, TC* c, const E
     }
   };
 
-  if (threads > 1) Eigen::initParallel();
-#if defined(_OPENMP)
-#pragma omp parallel num_threads(threads) if (threads > 1)
-#endif
-  {
-    const int t = gemm_thread_id();
+  // One thread's rows; the inner `omp for` binds to the team when there is one. One
+  // thread does not enter OpenMP at all (NOTE [Parallel and SIMD]).
+  const auto run_share = [&](const int t) {
     if constexpr (widen_ab) {
       if (shared_b) {
 #if defined(_OPENMP)
@@ -210,6 +207,15 @@ void eigen_path_gemm(const GemmArgs& g, const TA* a, const TA* b, TC* c, const E
       multiply_rows(e, first, last, B, ldb, a_slot, c_slot);
       row += last - first;
     }
+  };
+  if (threads > 1) {
+    Eigen::initParallel();
+#if defined(_OPENMP)
+#pragma omp parallel num_threads(threads)
+#endif
+    run_share(gemm_thread_id());
+  } else {
+    run_share(0);
   }
 }
 

@@ -18,12 +18,11 @@ namespace trainmem::cpu::kernels {
 template <class T>
 void dropout(const T* in, T* out, std::int64_t n, float p, RngState rng) {
   const math::DropoutScale scale{p};
-#pragma omp parallel for if (n > kParallelGrain)
-  for (std::int64_t i = 0; i < n; ++i) {
+  parallel_for(n, n > kParallelGrain, [&](std::int64_t i) {
     const auto factor =
         static_cast<AccumulatorOf<T>>(scale(detail::random_uniform(rng, static_cast<std::uint64_t>(i))));
     out[i] = detail::narrow<T>(static_cast<AccumulatorOf<T>>(detail::widen(in[i])) * factor);
-  }
+  });
 }
 
 }  // namespace trainmem::cpu::kernels

@@ -20,8 +20,14 @@ void fill(T* out, T value, std::int64_t n) {
 template <class Op, class TIn, class TOut>
 void map_unary(Op op, const TIn* in, TOut* out, std::int64_t n) {
   using Acc = AccumulatorFor<TIn, TOut>;
-#pragma omp parallel for simd if (parallel : n > kParallelGrain)
-  for (std::int64_t i = 0; i < n; ++i) out[i] = detail::narrow<TOut>(op(static_cast<Acc>(detail::widen(in[i]))));
+  // Both branches written out, each simd (NOTE [Parallel and SIMD]).
+  if (n > kParallelGrain) {
+#pragma omp parallel for simd
+    for (std::int64_t i = 0; i < n; ++i) out[i] = detail::narrow<TOut>(op(static_cast<Acc>(detail::widen(in[i]))));
+  } else {
+#pragma omp simd
+    for (std::int64_t i = 0; i < n; ++i) out[i] = detail::narrow<TOut>(op(static_cast<Acc>(detail::widen(in[i]))));
+  }
 }
 
 /// out = op(a, b) where b has a's shape, is a row of `cols`, or a scalar.
@@ -32,17 +38,35 @@ void map_binary(Op op, const TA* a, const TB* b, TOut* out, std::int64_t rows, s
   auto w = [](auto v) { return static_cast<Acc>(detail::widen(v)); };
   const std::int64_t n = rows * cols;
   if (b_numel == n) {
-#pragma omp parallel for simd if (parallel : n > kParallelGrain)
-    for (std::int64_t i = 0; i < n; ++i) out[i] = detail::narrow<TOut>(op(w(a[i]), w(b[i])));
+    if (n > kParallelGrain) {
+#pragma omp parallel for simd
+      for (std::int64_t i = 0; i < n; ++i) out[i] = detail::narrow<TOut>(op(w(a[i]), w(b[i])));
+    } else {
+#pragma omp simd
+      for (std::int64_t i = 0; i < n; ++i) out[i] = detail::narrow<TOut>(op(w(a[i]), w(b[i])));
+    }
   } else if (b_numel == 1) {
     const Acc scalar = w(b[0]);
-#pragma omp parallel for simd if (parallel : n > kParallelGrain)
-    for (std::int64_t i = 0; i < n; ++i) out[i] = detail::narrow<TOut>(op(w(a[i]), scalar));
-  } else {
-#pragma omp parallel for if (n > kParallelGrain)
-    for (std::int64_t r = 0; r < rows; ++r)
+    if (n > kParallelGrain) {
+#pragma omp parallel for simd
+      for (std::int64_t i = 0; i < n; ++i) out[i] = detail::narrow<TOut>(op(w(a[i]), scalar));
+    } else {
 #pragma omp simd
-      for (std::int64_t c = 0; c < cols; ++c) out[r * cols + c] = detail::narrow<TOut>(op(w(a[r * cols + c]), w(b[c])));
+      for (std::int64_t i = 0; i < n; ++i) out[i] = detail::narrow<TOut>(op(w(a[i]), scalar));
+    }
+  } else {
+    if (n > kParallelGrain) {
+#pragma omp parallel for
+      for (std::int64_t r = 0; r < rows; ++r)
+#pragma omp simd
+        for (std::int64_t c = 0; c < cols; ++c)
+          out[r * cols + c] = detail::narrow<TOut>(op(w(a[r * cols + c]), w(b[c])));
+    } else {
+      for (std::int64_t r = 0; r < rows; ++r)
+#pragma omp simd
+        for (std::int64_t c = 0; c < cols; ++c)
+          out[r * cols + c] = detail::narrow<TOut>(op(w(a[r * cols + c]), w(b[c])));
+    }
   }
 }
 

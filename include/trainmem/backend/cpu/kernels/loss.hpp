@@ -23,14 +23,12 @@ std::int64_t cross_entropy(const T* logits, const std::int32_t* labels, Acc* los
   auto w = [](T v) { return static_cast<Acc>(detail::widen(v)); };
   for (std::int64_t r = 0; r < rows; ++r)
     if (labels[r] < 0 || labels[r] >= cols) return r;
-  Acc total = 0;
-#pragma omp parallel for reduction(+ : total) if (rows * cols > kParallelGrain)
-  for (std::int64_t r = 0; r < rows; ++r) {
+  const Acc total = parallel_sum<Acc>(rows, rows * cols > kParallelGrain, [&](std::int64_t r) {
     const T* xr = logits + r * cols;
     const auto [max, sum] = max_and_sum_exp<Acc>(xr, cols);
     lse[r] = max + std::log(sum);
-    total += lse[r] - w(xr[labels[r]]);
-  }
+    return lse[r] - w(xr[labels[r]]);
+  });
   loss[0] = total / static_cast<Acc>(rows);
   return -1;
 }
@@ -40,12 +38,11 @@ template <class T, class Acc>
 void cross_entropy_backward(Acc dloss, const T* logits, const std::int32_t* labels, const Acc* lse, T* dlogits,
                             std::int64_t rows, std::int64_t cols) {
   const Acc scale = math::cross_entropy_scale(dloss, rows);
-#pragma omp parallel for if (rows * cols > kParallelGrain)
-  for (std::int64_t r = 0; r < rows; ++r) {
+  parallel_for(rows, rows * cols > kParallelGrain, [&](std::int64_t r) {
     const math::CrossEntropyBackwardRow<Acc> row{scale, lse[r], labels[r]};
     for (std::int64_t c = 0; c < cols; ++c)
       dlogits[r * cols + c] = detail::narrow<T>(row(static_cast<Acc>(detail::widen(logits[r * cols + c])), c));
-  }
+  });
 }
 
 }  // namespace trainmem::cpu::kernels

@@ -19,18 +19,16 @@ namespace trainmem::cpu::kernels {
 template <class T>
 bool unscale_and_check(T* x, std::int64_t n, float inv_scale) {
   using Acc = AccumulatorOf<T>;
-  int found = 0;
   const bool scales = inv_scale != 1.0f;
-#pragma omp parallel for reduction(| : found) if (n > kParallelGrain)
-  for (std::int64_t i = 0; i < n; ++i) {
+  const std::int64_t non_finite = parallel_sum<std::int64_t>(n, n > kParallelGrain, [&](std::int64_t i) {
     Acc v = static_cast<Acc>(detail::widen(x[i]));
     if (scales) {
       x[i] = detail::narrow<T>(v * static_cast<Acc>(inv_scale));
       v = static_cast<Acc>(detail::widen(x[i]));  // check what is stored: a scale < 1 can overflow it
     }
-    found |= std::isfinite(v) ? 0 : 1;
-  }
-  return found != 0;
+    return std::int64_t{std::isfinite(v) ? 0 : 1};
+  });
+  return non_finite != 0;
 }
 
 }  // namespace trainmem::cpu::kernels

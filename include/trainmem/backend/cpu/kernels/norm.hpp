@@ -19,8 +19,7 @@ namespace trainmem::cpu::kernels {
 template <class T, class TP, class Acc>
 void layer_norm(const T* x, const TP* gamma, const TP* beta, T* y, Acc* mean_out, Acc* rstd_out, std::int64_t rows,
                 std::int64_t cols, double eps) {
-#pragma omp parallel for if (rows * cols > kParallelGrain)
-  for (std::int64_t r = 0; r < rows; ++r) {
+  parallel_for(rows, rows * cols > kParallelGrain, [&](std::int64_t r) {
     const T* xr = x + r * cols;
     Acc mean = 0;
     for (std::int64_t c = 0; c < cols; ++c) mean += static_cast<Acc>(detail::widen(xr[c]));
@@ -39,7 +38,7 @@ void layer_norm(const T* x, const TP* gamma, const TP* beta, T* y, Acc* mean_out
       y[r * cols + c] = detail::narrow<T>(xhat * static_cast<Acc>(detail::widen(gamma[c])) +
                                           static_cast<Acc>(detail::widen(beta[c])));
     }
-  }
+  });
 }
 
 /// dx per row (math::LayerNormBackwardRow); dgamma = sum_r dy xhat and dbeta = sum_r dy.

@@ -28,21 +28,18 @@ void sum_rows(const TIn* in, TOut* out, std::int64_t rows, std::int64_t cols, do
 template <class TIn, class TOut>
 void sum_all(const TIn* in, TOut* out, std::int64_t n) {
   using Acc = AccumulatorFor<TIn, TOut>;
-  Acc total = 0;
-#pragma omp parallel for reduction(+ : total) if (n > kParallelGrain)
-  for (std::int64_t i = 0; i < n; ++i) total += static_cast<Acc>(detail::widen(in[i]));
+  const Acc total =
+      parallel_sum<Acc>(n, n > kParallelGrain, [&](std::int64_t i) { return static_cast<Acc>(detail::widen(in[i])); });
   out[0] = detail::narrow<TOut>(total);
 }
 
 /// accumulator[0] += sum of x[i]^2, summed in the accumulator's type.
 template <class T, class TAcc>
 void sum_squares(const T* x, TAcc* accumulator, std::int64_t n) {
-  TAcc total = 0;
-#pragma omp parallel for reduction(+ : total) if (n > kParallelGrain)
-  for (std::int64_t i = 0; i < n; ++i) {
+  const TAcc total = parallel_sum<TAcc>(n, n > kParallelGrain, [&](std::int64_t i) {
     const auto v = static_cast<TAcc>(detail::widen(x[i]));
-    total += v * v;
-  }
+    return v * v;
+  });
   accumulator[0] += total;
 }
 

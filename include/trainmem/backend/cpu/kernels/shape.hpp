@@ -15,14 +15,14 @@ namespace trainmem::cpu::kernels {
 /// batched transpose; with d = head size it splits or merges attention heads.
 template <class T>
 void swap_middle_axes(const T* in, T* out, std::int64_t a, std::int64_t b, std::int64_t c, std::int64_t d) {
-#pragma omp parallel for collapse(2) if (a * b * c * d > kParallelGrain)
-  for (std::int64_t i = 0; i < a; ++i)
-    for (std::int64_t j = 0; j < b; ++j)
-      for (std::int64_t k = 0; k < c; ++k) {
-        const T* src = in + ((i * b + j) * c + k) * d;
-        T* dst = out + ((i * c + k) * b + j) * d;
-        for (std::int64_t e = 0; e < d; ++e) dst[e] = src[e];
-      }
+  parallel_for(a * b, a * b * c * d > kParallelGrain, [&](std::int64_t ij) {
+    const std::int64_t i = ij / b, j = ij % b;
+    for (std::int64_t k = 0; k < c; ++k) {
+      const T* src = in + ((i * b + j) * c + k) * d;
+      T* dst = out + ((i * c + k) * b + j) * d;
+      for (std::int64_t e = 0; e < d; ++e) dst[e] = src[e];
+    }
+  });
 }
 
 /// Copies [.., T, T] and sets entries above the diagonal (key after query) to `fill`.

@@ -35,8 +35,7 @@ MaxSumExp<Acc> max_and_sum_exp(const T* row, std::int64_t cols) {
 template <class T>
 void softmax(const T* x, T* y, std::int64_t rows, std::int64_t cols, bool log_output) {
   using Acc = AccumulatorOf<T>;
-#pragma omp parallel for if (rows * cols > kParallelGrain)
-  for (std::int64_t r = 0; r < rows; ++r) {
+  parallel_for(rows, rows * cols > kParallelGrain, [&](std::int64_t r) {
     const T* xr = x + r * cols;
     T* yr = y + r * cols;
     const auto [max, sum] = max_and_sum_exp<Acc>(xr, cols);
@@ -45,7 +44,7 @@ void softmax(const T* x, T* y, std::int64_t rows, std::int64_t cols, bool log_ou
       const Acc shifted = static_cast<Acc>(detail::widen(xr[c])) - max;
       yr[c] = detail::narrow<T>(log_output ? shifted - log_sum : math::exp(shifted) / sum);
     }
-  }
+  });
 }
 
 /// dx from dy and the saved output y, row by row (math::SoftmaxBackwardRow).
@@ -54,14 +53,13 @@ void softmax_backward(const T* dy, const T* y, T* dx, std::int64_t rows, std::in
   using Acc = AccumulatorOf<T>;
   auto w = [](T v) { return static_cast<Acc>(detail::widen(v)); };
   const math::SoftmaxBackwardRow row{log_output};
-#pragma omp parallel for if (rows * cols > kParallelGrain)
-  for (std::int64_t r = 0; r < rows; ++r) {
+  parallel_for(rows, rows * cols > kParallelGrain, [&](std::int64_t r) {
     const T *dyr = dy + r * cols, *yr = y + r * cols;
     T* dxr = dx + r * cols;
     Acc dot = 0;
     for (std::int64_t c = 0; c < cols; ++c) dot += row.term(w(dyr[c]), w(yr[c]));
     for (std::int64_t c = 0; c < cols; ++c) dxr[c] = detail::narrow<T>(row(w(dyr[c]), w(yr[c]), dot));
-  }
+  });
 }
 
 }  // namespace trainmem::cpu::kernels

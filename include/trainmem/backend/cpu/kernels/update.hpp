@@ -21,14 +21,13 @@ namespace trainmem::cpu::kernels {
 template <class Update, class TP, class TG, class StoreCopy>
 void apply_update(Update update, TP* param, const TG* grad, TP* first_moment, TP* second_moment, std::int64_t n,
                   StoreCopy store_copy) {
-#pragma omp parallel for if (n > kParallelGrain)
-  for (std::int64_t i = 0; i < n; ++i) {
+  parallel_for(n, n > kParallelGrain, [&](std::int64_t i) {
     TP unused1 = 0, unused2 = 0;
     TP& s1 = first_moment ? first_moment[i] : unused1;
     TP& s2 = second_moment ? second_moment[i] : unused2;
     update(param[i], static_cast<TP>(detail::widen(grad[i])), s1, s2);
     store_copy(i, param[i]);
-  }
+  });
 }
 
 /// Model-copy writers for apply_update.
