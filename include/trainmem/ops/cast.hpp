@@ -18,16 +18,15 @@ template <class B>
 Var<B> cast(const Var<B>& x, DType dtype) {
   const auto& op = detail::kCastOp;
   detail::require_floating(op, x, "x");
-  detail::check(is_floating(dtype), "cast: dtype must be floating, got ", dtype, " (for x ", x.dtype(), " ",
-                x.shape(), ")");
+  detail::check(is_floating(dtype), "cast: dtype must be floating, got ", dtype, " (for x ", x.dtype(), " ", x.shape(),
+                ")");
   if (dtype == x.dtype()) return x;
   OpRecorder<B> rec(op, {x}, 0.0);
   Tensor<B> tx = rec.input(0);
   auto out = rec.compute([&] { return std::vector<Tensor<B>>{detail::unary(math::Identity{}, tx, dtype)}; });
   const DType input_dtype = x.dtype();
-  return rec.finish(out[0], [=](const Grads<B>& g) {
-    return Grads<B>{detail::unary(math::Identity{}, g[0], input_dtype)};
-  });
+  return rec.finish(out[0],
+                    [=](const Grads<B>& g) { return Grads<B>{detail::unary(math::Identity{}, g[0], input_dtype)}; });
 }
 
 }  // namespace trainmem
