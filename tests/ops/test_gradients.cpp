@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "gradcheck.hpp"
@@ -177,6 +178,62 @@ TEST_CASE("activations: relu, gelu (tanh, erf), sigmoid, tanh, exp, log", "[ops]
   }
 }
 
+TEST_CASE("sqrt, rsqrt and pow with integer, fractional, negative and zero exponents", "[ops][grad][power]") {
+  struct Power {
+    std::string name;
+    std::function<V(const V&)> op;
+    std::function<double(double)> reference;
+  };
+  std::vector<Power> cases = {
+      {"sqrt", [](const V& x) { return trainmem::sqrt(x); }, [](double x) { return std::sqrt(x); }},
+      {"rsqrt", [](const V& x) { return rsqrt(x); }, [](double x) { return 1.0 / std::sqrt(x); }},
+  };
+  for (double e : {2.0, 3.0, 0.5, -1.5, 0.0, 1.0})
+    cases.push_back({"pow " + std::to_string(e), [e](const V& x) { return trainmem::pow(x, e); },
+                     [e](double x) { return std::pow(x, e); }});
+  const T x = f64(Shape{4, 6}, 23, 0.2, 3.0);
+  for (const auto& c : cases) {
+    INFO(c.name);
+    auto expected = host(x);
+    for (auto& v : expected) v = c.reference(v);
+    check_op([&](Tape<B>&, const Vars& in) { return c.op(in[0]); }, {x}, expected);
+  }
+  // An integer exponent of a negative base is defined, and so is its gradient.
+  const T negative = f64(Shape{3, 4}, 24, -2.0, -0.3);
+  auto cubes = host(negative);
+  for (auto& v : cubes) v = v * v * v;
+  check_op([](Tape<B>&, const Vars& in) { return trainmem::pow(in[0], 3.0); }, {negative}, cubes);
+}
+
+TEST_CASE("div: same shape, row broadcast and scalar b", "[ops][grad][elementwise]") {
+  const Shape b_shape = GENERATE(Shape{2, 3}, Shape{3}, Shape{}, Shape{1});
+  INFO("b " << b_shape);
+  const T a = f64(Shape{2, 3}, 25), b = f64(b_shape, 26, 0.5, 1.5);
+  const auto av = host(a), bv = host(b);
+  std::vector<double> expected(av.size());
+  for (std::size_t i = 0; i < av.size(); ++i) expected[i] = av[i] / bv[bv.size() == av.size() ? i : i % bv.size()];
+  check_op([](Tape<B>&, const Vars& in) { return div(in[0], in[1]); }, {a, b}, expected);
+  check_op([](Tape<B>&, const Vars& in) { return in[0] / in[1]; }, {a, b}, expected);
+}
+
+TEST_CASE("cast: f64 to f32 and back passes the gradient through, cast back", "[ops][grad][cast]") {
+  // Values and steps on a 2^-12 grid are exact in f32, so the round trip is the identity
+  // and central differences through it are exact too.
+  std::vector<double> grid(12);
+  for (std::size_t i = 0; i < grid.size(); ++i) grid[i] = (static_cast<double>(i) * 1229.0 - 7000.0) / 4096.0;
+  const T x = f64_values(Shape{3, 4}, grid);
+  testing::GradCheckOptions options;
+  options.step = 1.0 / 1024.0;
+  check_op([](Tape<B>&, const Vars& in) { return cast(cast(in[0], DType::F32), DType::F64); }, {x}, grid, 0.0, options);
+  Tape<B> tape;
+  const V xin = tape.input(x, true);
+  const V narrow = cast(xin, DType::F32);
+  CHECK(narrow.dtype() == DType::F32);
+  tape.backward(sum(narrow));
+  CHECK(xin.grad().dtype() == DType::F64);
+  check_values(host(xin.grad()), std::vector<double>(12, 1.0), 0.0);
+}
+
 TEST_CASE("dropout: mask from Philox(seed, offset), same mask in backward", "[ops][grad][dropout]") {
   const float p = 0.3f;
   const std::int64_t n = 4096;
@@ -238,6 +295,22 @@ TEST_CASE("layer_norm over the last dimension: x, gamma and beta", "[ops][grad][
       expected[r * d + c] = (xv[r * d + c] - mean) / std::sqrt(var + eps) * gv[c] + bv[c];
   }
   check_op([&](Tape<B>&, const Vars& in) { return layer_norm(in[0], in[1], in[2], eps); }, {x, gamma, beta}, expected);
+}
+
+TEST_CASE("rms_norm over the last dimension: x and weight", "[ops][grad][norm]") {
+  const std::int64_t d = GENERATE(1, 5, 64);
+  INFO("d " << d);
+  const std::int64_t rows = 6;
+  const T x = f64(Shape{2, 3, d}, 27, -2, 2), weight = f64(Shape{d}, 28, 0.5, 1.5);
+  const double eps = 1e-5;
+  const auto xv = host(x), wv = host(weight);
+  std::vector<double> expected(rows * d);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    double mean_square = 0;
+    for (std::int64_t c = 0; c < d; ++c) mean_square += xv[r * d + c] * xv[r * d + c] / d;
+    for (std::int64_t c = 0; c < d; ++c) expected[r * d + c] = xv[r * d + c] / std::sqrt(mean_square + eps) * wv[c];
+  }
+  check_op([&](Tape<B>&, const Vars& in) { return rms_norm(in[0], in[1], eps); }, {x, weight}, expected);
 }
 
 TEST_CASE("softmax and log_softmax over the last dimension", "[ops][grad][softmax]") {

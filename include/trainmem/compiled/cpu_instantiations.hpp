@@ -35,10 +35,15 @@ TRAINMEM_INSTANTIATE Var<cpu::Backend> sigmoid(const Var<cpu::Backend>&);
 TRAINMEM_INSTANTIATE Var<cpu::Backend> tanh(const Var<cpu::Backend>&);
 TRAINMEM_INSTANTIATE Var<cpu::Backend> exp(const Var<cpu::Backend>&);
 TRAINMEM_INSTANTIATE Var<cpu::Backend> log(const Var<cpu::Backend>&);
+TRAINMEM_INSTANTIATE Var<cpu::Backend> sqrt(const Var<cpu::Backend>&);
+TRAINMEM_INSTANTIATE Var<cpu::Backend> rsqrt(const Var<cpu::Backend>&);
+TRAINMEM_INSTANTIATE Var<cpu::Backend> pow(const Var<cpu::Backend>&, double);
+TRAINMEM_INSTANTIATE Var<cpu::Backend> cast(const Var<cpu::Backend>&, DType);
 TRAINMEM_INSTANTIATE Var<cpu::Backend> dropout(const Var<cpu::Backend>&, float, bool);
 TRAINMEM_INSTANTIATE Var<cpu::Backend> add(const Var<cpu::Backend>&, const Var<cpu::Backend>&);
 TRAINMEM_INSTANTIATE Var<cpu::Backend> sub(const Var<cpu::Backend>&, const Var<cpu::Backend>&);
 TRAINMEM_INSTANTIATE Var<cpu::Backend> mul(const Var<cpu::Backend>&, const Var<cpu::Backend>&);
+TRAINMEM_INSTANTIATE Var<cpu::Backend> div(const Var<cpu::Backend>&, const Var<cpu::Backend>&);
 TRAINMEM_INSTANTIATE Var<cpu::Backend> scale(const Var<cpu::Backend>&, double);
 TRAINMEM_INSTANTIATE Var<cpu::Backend> embedding(const Var<cpu::Backend>&, const Var<cpu::Backend>&);
 TRAINMEM_INSTANTIATE Var<cpu::Backend> cross_entropy(const Var<cpu::Backend>&, const Tensor<cpu::Backend>&);
@@ -48,6 +53,7 @@ TRAINMEM_INSTANTIATE Var<cpu::Backend> linear(const Var<cpu::Backend>&, const Va
                                               const Var<cpu::Backend>&);
 TRAINMEM_INSTANTIATE Var<cpu::Backend> layer_norm(const Var<cpu::Backend>&, const Var<cpu::Backend>&,
                                                   const Var<cpu::Backend>&, double);
+TRAINMEM_INSTANTIATE Var<cpu::Backend> rms_norm(const Var<cpu::Backend>&, const Var<cpu::Backend>&, double);
 TRAINMEM_INSTANTIATE Var<cpu::Backend> sum(const Var<cpu::Backend>&);
 TRAINMEM_INSTANTIATE Var<cpu::Backend> mean(const Var<cpu::Backend>&);
 TRAINMEM_INSTANTIATE Var<cpu::Backend> reshape(const Var<cpu::Backend>&, Shape);

@@ -63,6 +63,8 @@ concept BackendKernels = requires(B& b, const Tensor<B>& t, const GemmArgs& args
   b.softmax_backward(t, t, t, flag);
   b.layer_norm(t, t, t, t, t, t, x);
   b.layer_norm_backward(t, t, t, t, t, t, t, t);
+  b.rms_norm(t, t, t, t, x);
+  b.rms_norm_backward(t, t, t, t, t, t);
   b.cross_entropy(t, t, t, t);
   b.cross_entropy_backward(t, t, t, t, t);
   b.swap_middle_axes(t, t, n, n, n, n);

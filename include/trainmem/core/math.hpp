@@ -24,6 +24,7 @@ namespace trainmem::math {
 // each. CPU and GPU run the same formulas. The double versions are the exact library
 // functions: F64 gradient checks stay exact.
 using std::log;
+using std::pow;
 using std::sqrt;
 
 TRAINMEM_HOST_DEVICE double exp(double x) { return std::exp(x); }
@@ -133,6 +134,26 @@ struct Log {
     return log(x);
   }
 };
+struct Sqrt {
+  template <class T>
+  TRAINMEM_HOST_DEVICE T operator()(T x) const {
+    return sqrt(x);
+  }
+};
+struct Rsqrt {
+  template <class T>
+  TRAINMEM_HOST_DEVICE T operator()(T x) const {
+    return T(1) / sqrt(x);
+  }
+};
+/// x^exponent (the exponent rounded once to the accumulator type).
+struct Pow {
+  double exponent;
+  template <class T>
+  TRAINMEM_HOST_DEVICE T operator()(T x) const {
+    return pow(x, static_cast<T>(exponent));
+  }
+};
 
 /// GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 struct GeluTanh {
@@ -181,6 +202,27 @@ struct LogBackward {  // saved: input x
     return dy / x;
   }
 };
+struct SqrtBackward {  // saved: output y = sqrt(x)
+  template <class T>
+  TRAINMEM_HOST_DEVICE T operator()(T dy, T y) const {
+    return dy * T(0.5) / y;
+  }
+};
+struct RsqrtBackward {  // saved: output y = x^(-1/2); dx = -dy y^3 / 2
+  template <class T>
+  TRAINMEM_HOST_DEVICE T operator()(T dy, T y) const {
+    return T(-0.5) * dy * y * y * y;
+  }
+};
+/// saved: input x. A zero exponent has a zero gradient everywhere (x^-1 at x = 0 would give NaN).
+struct PowBackward {
+  double exponent;
+  template <class T>
+  TRAINMEM_HOST_DEVICE T operator()(T dy, T x) const {
+    const T e = static_cast<T>(exponent);
+    return exponent == 0.0 ? T(0) : dy * e * pow(x, e - T(1));
+  }
+};
 struct GeluTanhBackward {  // saved: input x
   template <class T>
   TRAINMEM_HOST_DEVICE T operator()(T dy, T x) const {
@@ -217,6 +259,19 @@ struct Mul {
   template <class T>
   TRAINMEM_HOST_DEVICE T operator()(T a, T b) const {
     return a * b;
+  }
+};
+struct Div {
+  template <class T>
+  TRAINMEM_HOST_DEVICE T operator()(T a, T b) const {
+    return a / b;
+  }
+};
+/// The denominator's gradient of y = a / b from (dy / b, y): -(dy / b) y = -dy a / b^2.
+struct DivBackwardDenominator {
+  template <class T>
+  TRAINMEM_HOST_DEVICE T operator()(T dy_over_b, T y) const {
+    return -dy_over_b * y;
   }
 };
 /// a + alpha * b: gradient accumulation and axpy.

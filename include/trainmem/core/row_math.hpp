@@ -1,6 +1,6 @@
 // trainmem/core/row_math.hpp — per-row backward formulas, written once for CPU and GPU.
 //
-// A row kernel (softmax, layer norm, cross-entropy) does two things: it reduces the
+// A row kernel (softmax, layer and RMS norm, cross-entropy) does two things: it reduces the
 // row (a dot product, two sums) and then computes every element from the element and
 // the reduced values. How a backend reduces differs (a loop on the CPU, a block tree
 // on the GPU); the per-element formulas do not, so they live here and both backends
@@ -46,6 +46,26 @@ struct LayerNormBackwardRow {
   TRAINMEM_HOST_DEVICE Acc operator()(Acc dy, Acc x, Acc gamma, Acc sum_g, Acc sum_g_xhat, Acc inv_cols) const {
     const Acc g = dy * gamma;
     return rstd * (g - sum_g * inv_cols - xhat(x) * sum_g_xhat * inv_cols);
+  }
+};
+
+/// RMS norm's reciprocal root mean square of a row from its sum of squares.
+template <class Acc>
+TRAINMEM_HOST_DEVICE Acc rms_norm_rstd(Acc sum_squares, std::int64_t cols, Acc eps) {
+  return Acc(1) / sqrt(sum_squares / static_cast<Acc>(cols) + eps);
+}
+
+/// RMS norm's input gradient for one row with its saved rstd:
+/// dx = rstd (g - xhat mean(g xhat)) with g = dy weight and xhat = x rstd.
+template <class Acc>
+struct RmsNormBackwardRow {
+  Acc rstd;
+  TRAINMEM_HOST_DEVICE Acc xhat(Acc x) const { return x * rstd; }
+  /// The summand of the row, g xhat, for the element (dy, x, weight).
+  TRAINMEM_HOST_DEVICE Acc term(Acc dy, Acc x, Acc weight) const { return dy * weight * xhat(x); }
+  /// inv_cols is 1 / cols, formed once per launch.
+  TRAINMEM_HOST_DEVICE Acc operator()(Acc dy, Acc x, Acc weight, Acc sum_g_xhat, Acc inv_cols) const {
+    return rstd * (dy * weight - xhat(x) * sum_g_xhat * inv_cols);
   }
 };
 

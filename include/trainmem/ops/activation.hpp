@@ -24,18 +24,23 @@ inline constexpr OpInfo kLogOp{"log", OpKind::Elementwise, AutocastCategory::Fp3
 
 enum class Keep { Input, Output };
 
-template <class Forward, class Backward, Keep keep, class B>
-Var<B> activation(const OpInfo& op, const Var<B>& x) {
+/// y = forward(x), dx = backward(dy, saved); the functors may carry a parameter (pow's exponent).
+template <Keep keep, class Forward, class Backward, class B>
+Var<B> activation(const OpInfo& op, const Var<B>& x, Forward forward, Backward backward) {
   require_floating(op, x, "x");
   OpRecorder<B> rec(op, {x}, 8.0 * static_cast<double>(x.numel()));
   const DType dtype = rec.compute_dtype();
   Tensor<B> tx = rec.input(0);
   // Inputs are saved before computing, outputs after (see NOTE [Save order] in op_recorder.hpp).
   SavedTensor<B> saved = keep == Keep::Input ? rec.save(tx) : SavedTensor<B>();
-  auto out = rec.compute([&] { return std::vector<Tensor<B>>{unary(Forward{}, tx, dtype)}; });
+  auto out = rec.compute([&] { return std::vector<Tensor<B>>{unary(forward, tx, dtype)}; });
   if (keep == Keep::Output) saved = rec.save(out[0]);
-  return rec.finish(
-      out[0], [=](const Grads<B>& g) { return Grads<B>{binary(Backward{}, g[0], saved.unpack(), g[0].dtype())}; });
+  return rec.finish(out[0],
+                    [=](const Grads<B>& g) { return Grads<B>{binary(backward, g[0], saved.unpack(), g[0].dtype())}; });
+}
+template <class Forward, class Backward, Keep keep, class B>
+Var<B> activation(const OpInfo& op, const Var<B>& x) {
+  return activation<keep>(op, x, Forward{}, Backward{});
 }
 
 }  // namespace detail

@@ -1,4 +1,4 @@
-// trainmem/ops/elementwise.hpp — add, sub, mul (with row broadcast) and scale.
+// trainmem/ops/elementwise.hpp — add, sub, mul, div (with row broadcast) and scale.
 //
 // The second operand may have the first's shape, be one row of its last extent
 // (a bias), or be a scalar; its gradient is summed back down to its own shape.
@@ -14,6 +14,7 @@ namespace detail {
 inline constexpr OpInfo kAddOp{"add", OpKind::Elementwise, AutocastCategory::Promote};
 inline constexpr OpInfo kSubOp{"sub", OpKind::Elementwise, AutocastCategory::Promote};
 inline constexpr OpInfo kMulOp{"mul", OpKind::Elementwise, AutocastCategory::Promote};
+inline constexpr OpInfo kDivOp{"div", OpKind::Elementwise, AutocastCategory::Promote};
 inline constexpr OpInfo kScaleOp{"scale", OpKind::Elementwise, AutocastCategory::Unchanged};
 
 template <class B>
@@ -84,6 +85,31 @@ Var<B> mul(const Var<B>& a, const Var<B>& b) {
   });
 }
 
+/// a / b element-wise; b may be a's shape, a row [a.shape().back()], or a scalar. Keeps b
+/// and, when b needs a gradient, the output: db = -(dy / b) y, summed down to b's shape.
+template <class B>
+Var<B> div(const Var<B>& a, const Var<B>& b) {
+  const auto& op = detail::kDivOp;
+  detail::check_broadcast(op, a, b);
+  OpRecorder<B> rec(op, {a, b}, static_cast<double>(a.numel()));
+  const DType dtype = rec.compute_dtype();
+  Tensor<B> ta = rec.input(0), tb = rec.input(1);
+  const bool need_a = rec.needs_grad(0), need_b = rec.needs_grad(1);
+  SavedTensor<B> saved_b = need_a || need_b ? rec.save(tb) : SavedTensor<B>();
+  auto out = rec.compute([&] { return std::vector<Tensor<B>>{detail::binary(math::Div{}, ta, tb, dtype)}; });
+  SavedTensor<B> saved_y = need_b ? rec.save(out[0]) : SavedTensor<B>();
+  const Shape b_shape = b.shape();
+  return rec.finish(out[0], [=](const Grads<B>& g) {
+    Grads<B> grads(2);
+    const Tensor<B> dy_over_b = detail::binary(math::Div{}, g[0], saved_b.unpack(), g[0].dtype());
+    if (need_a) grads[0] = dy_over_b;
+    if (need_b)
+      grads[1] = detail::reduce_to(
+          detail::binary(math::DivBackwardDenominator{}, dy_over_b, saved_y.unpack(), g[0].dtype()), b_shape);
+    return grads;
+  });
+}
+
 /// alpha * x.
 template <class B>
 Var<B> scale(const Var<B>& x, double alpha) {
@@ -108,6 +134,10 @@ Var<B> operator-(const Var<B>& a, const Var<B>& b) {
 template <class B>
 Var<B> operator*(const Var<B>& a, const Var<B>& b) {
   return mul(a, b);
+}
+template <class B>
+Var<B> operator/(const Var<B>& a, const Var<B>& b) {
+  return div(a, b);
 }
 template <class B>
 Var<B> operator*(const Var<B>& a, double alpha) {

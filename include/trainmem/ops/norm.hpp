@@ -1,8 +1,9 @@
-// trainmem/ops/norm.hpp — layer norm over the last dimension.
+// trainmem/ops/norm.hpp — layer norm and RMS norm over the last dimension.
 //
-// Forward keeps the per-row mean and reciprocal standard deviation (one accumulator
-// value each per row) so backward needs x, not a normalised copy. Statistics
-// accumulate in f32 (f64 for f64); autocast runs layer norm in f32.
+// Forward keeps the per-row statistics (mean and reciprocal standard deviation for
+// layer norm, the reciprocal root mean square for RMS norm: one accumulator value each
+// per row) so backward needs x, not a normalised copy. Statistics accumulate in f32
+// (f64 for f64); autocast runs both norms in f32.
 #pragma once
 
 #include "trainmem/ops/op_helpers.hpp"
@@ -11,7 +12,8 @@ namespace trainmem {
 
 namespace detail {
 inline constexpr OpInfo kLayerNormOp{"layer_norm", OpKind::Norm, AutocastCategory::Fp32};
-}
+inline constexpr OpInfo kRmsNormOp{"rms_norm", OpKind::Norm, AutocastCategory::Fp32};
+}  // namespace detail
 
 /// y = (x - mean) / sqrt(var + eps) * gamma + beta over the last dimension.
 template <class B>
@@ -45,6 +47,37 @@ Var<B> layer_norm(const Var<B>& x, const Var<B>& gamma, const Var<B>& beta, doub
     g[0].backend().layer_norm_backward(g[0].to(xv.dtype()), xv, gv, saved_mean.unpack(), saved_rstd.unpack(), dx,
                                        dgamma, dbeta);
     return Grads<B>{dx, dgamma, dbeta};
+  });
+}
+
+/// y = x / sqrt(mean(x^2) + eps) * weight over the last dimension.
+template <class B>
+Var<B> rms_norm(const Var<B>& x, const Var<B>& weight, double eps = 1e-6) {
+  const auto& op = detail::kRmsNormOp;
+  detail::require_floating(op, x, "x");
+  detail::require_floating(op, weight, "weight");
+  detail::require_rank_at_least(op, x, 1, "x");
+  const std::int64_t d = x.shape().back();
+  detail::check(weight.shape() == Shape{d}, "rms_norm: weight ", weight.shape(), " must be [", d, "] for x ",
+                x.shape());
+  detail::check(eps > 0.0, "rms_norm: eps must be positive, got ", eps);
+  OpRecorder<B> rec(op, {x, weight}, 4.0 * static_cast<double>(x.numel()));
+  const DType dtype = rec.compute_dtype();
+  Tensor<B> tx = rec.input(0), tw = rec.input(1);
+  SavedTensor<B> saved_x = rec.save(tx), saved_weight = rec.save(tw);
+  auto out = rec.compute([&] {
+    Tensor<B> y = new_tensor(rec.backend(), tx.shape(), dtype);
+    Tensor<B> rstd = new_tensor(rec.backend(), Shape{tx.rows()}, accumulator_dtype(dtype));
+    rec.backend().rms_norm(tx, tw, y, rstd, eps);
+    return std::vector<Tensor<B>>{y, rstd};
+  });
+  SavedTensor<B> saved_rstd = rec.save(out[1]);
+  return rec.finish(out[0], [=](const Grads<B>& g) {
+    const Tensor<B> xv = saved_x.unpack(), wv = saved_weight.unpack();
+    Tensor<B> dx = new_tensor(g[0].backend(), xv.shape(), xv.dtype());
+    Tensor<B> dweight = new_tensor(g[0].backend(), wv.shape(), wv.dtype());
+    g[0].backend().rms_norm_backward(g[0].to(xv.dtype()), xv, wv, saved_rstd.unpack(), dx, dweight);
+    return Grads<B>{dx, dweight};
   });
 }
 

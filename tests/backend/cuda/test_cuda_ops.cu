@@ -116,6 +116,25 @@ TEST_CASE("cuda ops: activations", "[cuda][ops]") {
   check_op("tanh", x, [](auto&, auto& v) { return tmem::tanh(v[0]); });
   check_op("exp", x, [](auto&, auto& v) { return tmem::exp(v[0]); });
   check_op("log", {input(random, Shape{7, 129}, 0.1, 3.0)}, [](auto&, auto& v) { return tmem::log(v[0]); });
+  const std::vector<InputSpec> positive{input(random, Shape{7, 129}, 0.1, 3.0)};
+  check_op("sqrt", positive, [](auto&, auto& v) { return tmem::sqrt(v[0]); });
+  check_op("rsqrt", positive, [](auto&, auto& v) { return tmem::rsqrt(v[0]); });
+  check_op("pow 1.5", positive, [](auto&, auto& v) { return tmem::pow(v[0], 1.5); });
+  check_op("pow -2", positive, [](auto&, auto& v) { return tmem::pow(v[0], -2.0); });
+  check_op("pow 3 of a signed x", x, [](auto&, auto& v) { return tmem::pow(v[0], 3.0); });
+  check_op("cast to f32 and back", x,
+           [](auto&, auto& v) { return tmem::cast(tmem::cast(v[0], DType::F32), v[0].dtype()); });
+  check_op("cast to bf16", x, [](auto&, auto& v) { return tmem::cast(v[0], DType::BF16); });
+}
+
+TEST_CASE("cuda ops: div with full, row and scalar broadcast", "[cuda][ops]") {
+  TRAINMEM_REQUIRE_CUDA_DEVICE();
+  Inputs random;
+  INFO("seed " << random.seed());
+  for (Shape b_shape : {Shape{5, 67}, Shape{67}, Shape{1}}) {
+    const std::vector<InputSpec> in{input(random, Shape{5, 67}), input(random, b_shape, 0.5, 2.0)};
+    check_op("div " + b_shape.str(), in, [](auto&, auto& v) { return tmem::div(v[0], v[1]); });
+  }
 }
 
 TEST_CASE("cuda ops: matmul, bmm and linear, all transposes", "[cuda][ops][gemm]") {
@@ -159,6 +178,17 @@ TEST_CASE("cuda ops: layer_norm forward and backward", "[cuda][ops]") {
     check_op("layer_norm d=" + std::to_string(d),
              {input(random, Shape{3, 11, d}, -2.0, 3.0), input(random, Shape{d}, 0.5, 1.5), input(random, Shape{d})},
              [](auto&, auto& v) { return tmem::layer_norm(v[0], v[1], v[2], 1e-5); });
+  }
+}
+
+TEST_CASE("cuda ops: rms_norm forward and backward", "[cuda][ops]") {
+  TRAINMEM_REQUIRE_CUDA_DEVICE();
+  Inputs random;
+  INFO("seed " << random.seed());
+  for (std::int64_t d : {5, 96, 1030}) {
+    check_op("rms_norm d=" + std::to_string(d),
+             {input(random, Shape{3, 11, d}, -2.0, 3.0), input(random, Shape{d}, 0.5, 1.5)},
+             [](auto&, auto& v) { return tmem::rms_norm(v[0], v[1], 1e-6); });
   }
 }
 

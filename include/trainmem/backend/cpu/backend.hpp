@@ -193,6 +193,26 @@ class Backend {
     });
   }
 
+  /// y = x / sqrt(mean(x^2) + eps) * weight per row; rstd ([rows]) in the accumulator dtype of x.
+  void rms_norm(const TensorT& x, const TensorT& weight, const TensorT& y, const TensorT& rstd, double eps) {
+    visit_floating(x.dtype(), "rms_norm", [&]<class T>() {
+      visit_floating(weight.dtype(), "rms_norm", [&]<class TP>() {
+        kernels::rms_norm(x.data_as<const T>(), weight.data_as<const TP>(), y.data_as<T>(),
+                          rstd.data_as<AccumulatorOf<T>>(), x.rows(), x.cols(), eps);
+      });
+    });
+  }
+  void rms_norm_backward(const TensorT& dy, const TensorT& x, const TensorT& weight, const TensorT& rstd,
+                         const TensorT& dx, const TensorT& dweight) {
+    visit_floating(x.dtype(), "rms_norm_backward", [&]<class T>() {
+      visit_floating(weight.dtype(), "rms_norm_backward", [&]<class TP>() {
+        kernels::rms_norm_backward(dy.data_as<const T>(), x.data_as<const T>(), weight.data_as<const TP>(),
+                                   rstd.data_as<const AccumulatorOf<T>>(), dx.data_as<T>(), dweight.data_as<TP>(),
+                                   x.rows(), x.cols());
+      });
+    });
+  }
+
   /// loss (scalar) and lse ([rows]) are in the accumulator dtype of the logits.
   void cross_entropy(const TensorT& logits, const TensorT& labels, const TensorT& loss, const TensorT& lse) {
     visit_floating(logits.dtype(), "cross_entropy", [&]<class T>() {

@@ -216,24 +216,18 @@ class Backend {
   }
   void layer_norm(const TensorT& x, const TensorT& gamma, const TensorT& beta, const TensorT& y, const TensorT& mean,
                   const TensorT& rstd, double eps) {
-    visit_floating(x.dtype(), "layer_norm", [&]<class T>() {
-      visit_floating(gamma.dtype(), "layer_norm", [&]<class TP>() {
-        using Acc = AccumulatorOf<T>;
-        kernels::layer_norm(context(), x.data_as<const T>(), gamma.data_as<const TP>(), beta.data_as<const TP>(),
-                            y.data_as<T>(), mean.data_as<Acc>(), rstd.data_as<Acc>(), x.rows(), x.cols(), eps);
-      });
-    });
+    kernels::layer_norm(context(), x, gamma, beta, y, mean, rstd, eps);
   }
   void layer_norm_backward(const TensorT& dy, const TensorT& x, const TensorT& gamma, const TensorT& mean,
                            const TensorT& rstd, const TensorT& dx, const TensorT& dgamma, const TensorT& dbeta) {
-    visit_floating(x.dtype(), "layer_norm_backward", [&]<class T>() {
-      visit_floating(gamma.dtype(), "layer_norm_backward", [&]<class TP>() {
-        using Acc = AccumulatorOf<T>;
-        kernels::layer_norm_backward(context(), dy.data_as<const T>(), x.data_as<const T>(), gamma.data_as<const TP>(),
-                                     mean.data_as<const Acc>(), rstd.data_as<const Acc>(), dx.data_as<T>(),
-                                     dgamma.data_as<TP>(), dbeta.data_as<TP>(), x.rows(), x.cols());
-      });
-    });
+    kernels::layer_norm_backward(context(), dy, x, gamma, mean, rstd, dx, dgamma, dbeta);
+  }
+  void rms_norm(const TensorT& x, const TensorT& weight, const TensorT& y, const TensorT& rstd, double eps) {
+    kernels::rms_norm(context(), x, weight, y, rstd, eps);
+  }
+  void rms_norm_backward(const TensorT& dy, const TensorT& x, const TensorT& weight, const TensorT& rstd,
+                         const TensorT& dx, const TensorT& dweight) {
+    kernels::rms_norm_backward(context(), dy, x, weight, rstd, dx, dweight);
   }
 
   /// loss (scalar) and lse ([rows]) are in the accumulator dtype of the logits. A label out

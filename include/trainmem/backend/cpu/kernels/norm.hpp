@@ -1,8 +1,9 @@
-// trainmem/backend/cpu/kernels/norm.hpp — layer norm over the last dimension, forward and backward.
+// trainmem/backend/cpu/kernels/norm.hpp — layer and RMS norm over the last dimension, forward and backward.
 //
-// The forward keeps each row's mean and rstd (accumulator type), so backward re-forms
-// xhat from x instead of saving it; the input gradient is math::LayerNormBackwardRow,
-// the parameter gradients are column sums over the rows.
+// The forward keeps each row's statistics (mean and rstd, or rstd alone; accumulator
+// type), so backward re-forms xhat from x instead of saving it; the input gradient is
+// math::LayerNormBackwardRow / RmsNormBackwardRow, the parameter gradients are column
+// sums over the rows.
 #pragma once
 
 #include <cmath>
@@ -65,6 +66,42 @@ void layer_norm_backward(const T* dy, const T* x, const TP* gamma, const Acc* me
     dgamma[c] = detail::narrow<TP>(dgamma_acc[c]);
     dbeta[c] = detail::narrow<TP>(dbeta_acc[c]);
   }
+}
+
+/// y = x * rstd * weight per row with rstd = 1 / sqrt(mean(x^2) + eps); keeps rstd (accumulator type).
+template <class T, class TP, class Acc>
+void rms_norm(const T* x, const TP* weight, T* y, Acc* rstd_out, std::int64_t rows, std::int64_t cols, double eps) {
+  auto w = [](auto v) { return static_cast<Acc>(detail::widen(v)); };
+#pragma omp parallel for if (rows * cols > kParallelGrain)
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * cols;
+    Acc squares = 0;
+    for (std::int64_t c = 0; c < cols; ++c) squares += w(xr[c]) * w(xr[c]);
+    const Acc rstd = math::rms_norm_rstd(squares, cols, static_cast<Acc>(eps));
+    rstd_out[r] = rstd;
+    for (std::int64_t c = 0; c < cols; ++c) y[r * cols + c] = detail::narrow<T>(w(xr[c]) * rstd * w(weight[c]));
+  }
+}
+
+/// dx per row (math::RmsNormBackwardRow); dweight = sum_r dy xhat.
+template <class T, class TP, class Acc>
+void rms_norm_backward(const T* dy, const T* x, const TP* weight, const Acc* rstd, T* dx, TP* dweight,
+                       std::int64_t rows, std::int64_t cols) {
+  auto w = [](auto v) { return static_cast<Acc>(detail::widen(v)); };
+  std::vector<Acc> dweight_acc(static_cast<std::size_t>(cols), Acc(0));
+  const Acc inv_cols = Acc(1) / static_cast<Acc>(cols);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const T *dyr = dy + r * cols, *xr = x + r * cols;
+    const math::RmsNormBackwardRow<Acc> row{rstd[r]};
+    Acc sum_g_xhat = 0;
+    for (std::int64_t c = 0; c < cols; ++c) {
+      sum_g_xhat += row.term(w(dyr[c]), w(xr[c]), w(weight[c]));
+      dweight_acc[c] += w(dyr[c]) * row.xhat(w(xr[c]));
+    }
+    for (std::int64_t c = 0; c < cols; ++c)
+      dx[r * cols + c] = detail::narrow<T>(row(w(dyr[c]), w(xr[c]), w(weight[c]), sum_g_xhat, inv_cols));
+  }
+  for (std::int64_t c = 0; c < cols; ++c) dweight[c] = detail::narrow<TP>(dweight_acc[c]);
 }
 
 }  // namespace trainmem::cpu::kernels
