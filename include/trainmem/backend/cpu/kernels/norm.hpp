@@ -72,15 +72,14 @@ void layer_norm_backward(const T* dy, const T* x, const TP* gamma, const Acc* me
 template <class T, class TP, class Acc>
 void rms_norm(const T* x, const TP* weight, T* y, Acc* rstd_out, std::int64_t rows, std::int64_t cols, double eps) {
   auto w = [](auto v) { return static_cast<Acc>(detail::widen(v)); };
-#pragma omp parallel for if (rows * cols > kParallelGrain)
-  for (std::int64_t r = 0; r < rows; ++r) {
+  parallel_for(rows, rows * cols > kParallelGrain, [&](std::int64_t r) {
     const T* xr = x + r * cols;
     Acc squares = 0;
     for (std::int64_t c = 0; c < cols; ++c) squares += w(xr[c]) * w(xr[c]);
     const Acc rstd = math::rms_norm_rstd(squares, cols, static_cast<Acc>(eps));
     rstd_out[r] = rstd;
     for (std::int64_t c = 0; c < cols; ++c) y[r * cols + c] = detail::narrow<T>(w(xr[c]) * rstd * w(weight[c]));
-  }
+  });
 }
 
 /// dx per row (math::RmsNormBackwardRow); dweight = sum_r dy xhat.
