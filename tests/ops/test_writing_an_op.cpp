@@ -5,13 +5,12 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "error_matchers.hpp"
 #include "gradcheck.hpp"
+#include "guide_snippet.hpp"
 #include "softplus_op.hpp"
 #include "trainmem/trainmem.hpp"
 
@@ -20,30 +19,13 @@ using B = cpu::Backend;
 using T = Tensor<B>;
 using V = Var<B>;
 
-namespace {
-
-std::string read_text(const std::filesystem::path& path) {
-  std::ifstream in(path);
-  std::ostringstream out;
-  out << in.rdbuf();
-  return out.str();
-}
-
-}  // namespace
-
 TEST_CASE("the guide's custom op is the compiled one", "[ops][docs]") {
   const std::filesystem::path here = std::filesystem::path(__FILE__).parent_path();
-  const std::string guide = read_text(here / "../../docs/writing-an-op.md");
-  const std::string source = read_text(here / "softplus_op.hpp");
+  const std::string guide = testing::read_text(here / "../../docs/writing-an-op.md");
+  const std::string source = testing::read_text(here / "softplus_op.hpp");
   REQUIRE(!guide.empty());
   REQUIRE(!source.empty());
-  const auto marker = guide.find("<!-- softplus-op -->");
-  REQUIRE(marker != std::string::npos);
-  const auto open = guide.find("```cpp\n", marker);
-  REQUIRE(open != std::string::npos);
-  const auto close = guide.find("\n```", open + 7);
-  REQUIRE(close != std::string::npos);
-  const std::string snippet = guide.substr(open + 7, close - open - 7);
+  const std::string snippet = testing::guide_snippet(guide, "<!-- softplus-op -->");
   CHECK(snippet.size() > 1000);
   CHECK(source.find(snippet) != std::string::npos);
 }
