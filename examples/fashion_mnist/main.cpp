@@ -279,6 +279,21 @@ std::pair<Dataset, Dataset> normalised(const Options& o, examples::FashionMnist 
   return {std::move(train), std::move(test)};
 }
 
+/// The order the training images are visited in (shuffled at each epoch's start) and the
+/// step counts; one process and every rank of a sharded run use the same ones.
+struct Epochs {
+  Epochs(const Options& o, std::int64_t images)
+      : shuffle_rng(o.seed),
+        order(static_cast<std::size_t>(images)),
+        steps_per_epoch((images + o.batch - 1) / o.batch),
+        total_steps(steps_per_epoch * o.epochs) {
+    std::iota(order.begin(), order.end(), 0);
+  }
+  std::mt19937_64 shuffle_rng;
+  std::vector<std::int64_t> order;
+  std::int64_t steps_per_epoch, total_steps;
+};
+
 template <class Model>
 int run(Options o, examples::FashionMnist data) {
   const auto run_start = Clock::now();
@@ -320,11 +335,8 @@ int run(Options o, examples::FashionMnist data) {
       static_cast<long long>(train.size()), o.augment == "flip" ? " (random left-right flips)" : "",
       static_cast<unsigned long long>(o.seed), threads);
 
-  std::mt19937_64 shuffle_rng(o.seed);
-  std::vector<std::int64_t> order(static_cast<std::size_t>(train.size()));
-  std::iota(order.begin(), order.end(), 0);
-  const std::int64_t steps_per_epoch = (train.size() + o.batch - 1) / o.batch;
-  const std::int64_t total_steps = steps_per_epoch * o.epochs;
+  Epochs epochs(o, train.size());
+  auto& [shuffle_rng, order, steps_per_epoch, total_steps] = epochs;
   std::vector<float> images;
   std::vector<std::int32_t> labels;
   examples::ProgressLine progress;
@@ -566,11 +578,8 @@ int run_sharded(Options o, examples::FashionMnist data, tmem::dist::Communicator
         o.augment == "flip" ? " (random left-right flips)" : "", static_cast<unsigned long long>(o.seed), threads);
   }
 
-  std::mt19937_64 shuffle_rng(o.seed);
-  std::vector<std::int64_t> order(static_cast<std::size_t>(train.size()));
-  std::iota(order.begin(), order.end(), 0);
-  const std::int64_t steps_per_epoch = (train.size() + o.batch - 1) / o.batch;
-  const std::int64_t total_steps = steps_per_epoch * o.epochs;
+  Epochs epochs(o, train.size());
+  auto& [shuffle_rng, order, steps_per_epoch, total_steps] = epochs;
   std::vector<float> images;
   std::vector<std::int32_t> labels;
   examples::ProgressLine progress;
