@@ -22,6 +22,7 @@
 #include "trainmem/ops/op_recorder.hpp"
 
 #include "trainmem/ops/activation.hpp"
+#include "trainmem/ops/attention.hpp"
 #include "trainmem/ops/cast.hpp"
 #include "trainmem/ops/dropout.hpp"
 #include "trainmem/ops/elementwise.hpp"

@@ -63,6 +63,9 @@ TRAINMEM_INSTANTIATE Var<cpu::Backend> merge_heads(const Var<cpu::Backend>&, std
 TRAINMEM_INSTANTIATE Var<cpu::Backend> causal_mask(const Var<cpu::Backend>&);
 TRAINMEM_INSTANTIATE Var<cpu::Backend> softmax(const Var<cpu::Backend>&);
 TRAINMEM_INSTANTIATE Var<cpu::Backend> log_softmax(const Var<cpu::Backend>&);
+TRAINMEM_INSTANTIATE Var<cpu::Backend> scaled_dot_product_attention(const Var<cpu::Backend>&, const Var<cpu::Backend>&,
+                                                                    const Var<cpu::Backend>&, bool,
+                                                                    std::optional<double>);
 
 // Modules.
 TRAINMEM_INSTANTIATE class nn::Module<cpu::Backend>;

@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <span>
 
+#include "trainmem/core/attention_sizes.hpp"
 #include "trainmem/core/gemm_args.hpp"
 #include "trainmem/core/loss_scale_rule.hpp"
 #include "trainmem/core/math.hpp"
@@ -51,7 +52,7 @@ concept BackendStorage = requires(B& b, void* dst, const void* src, std::size_t 
 /// The kernels the ops call, each on tensors of run-time dtype.
 template <class B>
 concept BackendKernels = requires(B& b, const Tensor<B>& t, const GemmArgs& args, double x, float p, bool flag,
-                                  RngState rng, std::int64_t n) {
+                                  RngState rng, std::int64_t n, const AttentionSizes& attention) {
   b.gemm(args, t, t, t);
   b.fill(t, x);
   b.map(math::Identity{}, t, t);
@@ -69,6 +70,8 @@ concept BackendKernels = requires(B& b, const Tensor<B>& t, const GemmArgs& args
   b.cross_entropy_backward(t, t, t, t, t);
   b.swap_middle_axes(t, t, n, n, n, n);
   b.causal_mask(t, t, x);
+  b.attention(t, t, t, t, t, attention);
+  b.attention_backward(t, t, t, t, t, t, t, t, t, attention);
   b.dropout(t, t, p, rng);
   b.embedding(t, t, t);
   b.embedding_backward(t, t, t);

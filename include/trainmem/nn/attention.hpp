@@ -5,8 +5,10 @@
 // leaves it out, for vision transformers), softmax, optional dropout, weighted sum of v,
 // heads merged, output projection. The block is pre-LN (GPT-2, ViT):
 //   x = x + attn(ln1(x));  x = x + mlp(ln2(x)).
-// The scores and probabilities are [batch*H, T, T] per block: the activations that
-// checkpointing saves the most on. Submodules (nn::Module): attention "q", "k", "v",
+// Without dropout on the probabilities (dropout 0, or evaluation) the middle is one fused
+// op, scaled_dot_product_attention, which never stores the [batch*H, T, T] scores; with
+// it, the scores and probabilities are tensors, the activations that checkpointing
+// saves the most on. Submodules (nn::Module): attention "q", "k", "v",
 // "out"; block "ln1", "attn", "ln2", "mlp".
 #pragma once
 
@@ -18,6 +20,7 @@
 #include "trainmem/nn/linear.hpp"
 #include "trainmem/nn/mlp.hpp"
 #include "trainmem/nn/module.hpp"
+#include "trainmem/ops/attention.hpp"
 #include "trainmem/ops/dropout.hpp"
 #include "trainmem/ops/elementwise.hpp"
 #include "trainmem/ops/shape.hpp"
@@ -55,8 +58,11 @@ class SelfAttention : public Module<B> {
     detail::check(x.shape().rank() == 3, "nn::SelfAttention: x must be [batch, T, D], got ", x.shape());
     const double inv_sqrt_dh = 1.0 / std::sqrt(static_cast<double>(x.shape()[2] / heads_));
     auto q = split_heads(q_(x), heads_), k = split_heads(k_(x), heads_), v = split_heads(v_(x), heads_);
+    const bool causal = masking_ == Masking::Causal;
+    if (dropout_ == 0.0f || !training)
+      return out_(merge_heads(scaled_dot_product_attention(q, k, v, causal, inv_sqrt_dh), heads_));
     auto scores = scale(bmm(q, k, false, true), inv_sqrt_dh);
-    if (masking_ == Masking::Causal) scores = causal_mask(scores);
+    if (causal) scores = causal_mask(scores);
     auto probs = dropout(softmax(scores), dropout_, training);
     return out_(merge_heads(bmm(probs, v), heads_));
   }

@@ -229,6 +229,19 @@ TEST_CASE("cuda ops: transpose, head split and merge, causal mask", "[cuda][ops]
            [](auto&, auto& v) { return tmem::softmax(tmem::causal_mask(v[0])); });
 }
 
+TEST_CASE("cuda ops: fused attention, causal and not, square and tq < tk", "[cuda][ops][attention]") {
+  TRAINMEM_REQUIRE_CUDA_DEVICE();
+  Inputs random;
+  INFO("seed " << random.seed());
+  for (bool causal : {true, false})
+    check_op(std::string("attention, causal ") + (causal ? "yes" : "no"),
+             {input(random, Shape{6, 37, 24}), input(random, Shape{6, 37, 24}), input(random, Shape{6, 37, 24})},
+             [causal](auto&, auto& v) { return tmem::scaled_dot_product_attention(v[0], v[1], v[2], causal); });
+  check_op("attention, causal, 5 queries on 40 keys",
+           {input(random, Shape{3, 5, 16}), input(random, Shape{3, 40, 16}), input(random, Shape{3, 40, 16})},
+           [](auto&, auto& v) { return tmem::scaled_dot_product_attention(v[0], v[1], v[2], true); });
+}
+
 TEST_CASE("cuda ops: sum, mean and embedding", "[cuda][ops]") {
   TRAINMEM_REQUIRE_CUDA_DEVICE();
   Inputs random;

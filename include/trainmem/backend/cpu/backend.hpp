@@ -15,7 +15,9 @@
 #include <span>
 
 #include "trainmem/backend/cpu/allocator.hpp"
+#include "trainmem/backend/cpu/fused_update.hpp"
 #include "trainmem/backend/cpu/gemm.hpp"
+#include "trainmem/backend/cpu/kernels/attention.hpp"
 #include "trainmem/backend/cpu/kernels/dropout.hpp"
 #include "trainmem/backend/cpu/kernels/elementwise.hpp"
 #include "trainmem/backend/cpu/kernels/embedding.hpp"
@@ -25,16 +27,13 @@
 #include "trainmem/backend/cpu/kernels/reduction.hpp"
 #include "trainmem/backend/cpu/kernels/shape.hpp"
 #include "trainmem/backend/cpu/kernels/softmax.hpp"
-#include "trainmem/backend/cpu/kernels/update.hpp"
 #include "trainmem/core/backend_contract.hpp"
-#include "trainmem/core/loss_scale_rule.hpp"
-#include "trainmem/core/stochastic_rounding.hpp"
 #include "trainmem/core/tensor.hpp"
 
 namespace trainmem::cpu {
 
 /// \brief CPU backend: Eigen for GEMM, plain (OpenMP-parallel) loops for the rest.
-class Backend {
+class Backend : public FusedUpdate<Backend> {
  public:
   using TensorT = Tensor<Backend>;
   static constexpr const char* kName = "cpu";
@@ -247,6 +246,24 @@ class Backend {
       kernels::causal_mask(in.data_as<const T>(), out.data_as<T>(), in.shape().leading(2), t, fill);
     });
   }
+  /// Fused attention (kernels/attention.hpp); lse and delta in the accumulator dtype.
+  void attention(const TensorT& q, const TensorT& k, const TensorT& v, const TensorT& out, const TensorT& lse,
+                 const AttentionSizes& sizes) {
+    visit_floating(q.dtype(), "attention", [&]<class T>() {
+      kernels::attention(q.data_as<const T>(), k.data_as<const T>(), v.data_as<const T>(), out.data_as<T>(),
+                         lse.data_as<AccumulatorOf<T>>(), sizes, allocator_);
+    });
+  }
+  void attention_backward(const TensorT& q, const TensorT& k, const TensorT& v, const TensorT& lse, const TensorT& dout,
+                          const TensorT& dq, const TensorT& dk, const TensorT& dv, const TensorT& delta,
+                          const AttentionSizes& sizes) {
+    visit_floating(q.dtype(), "attention_backward", [&]<class T>() {
+      using Acc = AccumulatorOf<T>;
+      kernels::attention_backward(q.data_as<const T>(), k.data_as<const T>(), v.data_as<const T>(),
+                                  lse.data_as<const Acc>(), dout.data_as<const T>(), dq.data_as<T>(), dk.data_as<T>(),
+                                  dv.data_as<T>(), delta.data_as<Acc>(), sizes, allocator_);
+    });
+  }
   void dropout(const TensorT& in, const TensorT& out, float p, RngState rng) {
     visit_floating(in.dtype(), "dropout",
                    [&]<class T>() { kernels::dropout(in.data_as<const T>(), out.data_as<T>(), in.numel(), p, rng); });
@@ -273,60 +290,6 @@ class Backend {
     });
   }
 
-  /// One optimizer update pass: param (f32 or f64) and its moments updated in place, grad
-  /// (any floating dtype) read, and an optional 16-bit model copy written from the result.
-  /// first_moment, second_moment and model_copy may be undefined.
-  template <class Update>
-  void apply_update(Update update, const TensorT& param, const TensorT& grad, const TensorT& first_moment,
-                    const TensorT& second_moment, const TensorT& model_copy) {
-    if (!model_copy.defined()) {
-      update_with(update, param, grad, first_moment, second_moment, kernels::NoCopy{});
-      return;
-    }
-    visit_floating(model_copy.dtype(), "apply_update", [&]<class TC>() {
-      update_with(update, param, grad, first_moment, second_moment, kernels::NearestCopy<TC>{model_copy.data_as<TC>()});
-    });
-  }
-
-  // --- mixed precision ----------------------------------------------------------------
-  /// As apply_update above, and: when `found_inf` (f32 scalar) is defined and non-zero the
-  /// pass changes nothing (a step the loss scaler skips, decided without a host sync on a
-  /// GPU); `rounding` says how the 16-bit model copy is written (stochastic: bf16 only).
-  template <class Update>
-  void apply_update(Update update, const TensorT& param, const TensorT& grad, const TensorT& first_moment,
-                    const TensorT& second_moment, const TensorT& model_copy, const TensorT& found_inf,
-                    const CopyRounding& rounding = {}) {
-    if (found_inf.defined() && found_inf.data_as<const float>()[0] != 0.0f) return;
-    if (rounding.mode == RoundingMode::NearestEven || !model_copy.defined()) {
-      apply_update(update, param, grad, first_moment, second_moment, model_copy);
-      return;
-    }
-    detail::expects(model_copy.dtype() == DType::BF16, "apply_update: a bf16 model copy for stochastic rounding");
-    update_with(update, param, grad, first_moment, second_moment,
-                kernels::StochasticBf16Copy{model_copy.data_as<BFloat16>(), rounding.rng});
-  }
-
-  /// Every grad *= 1 / scale[0] in place (no write when that is 1), and found_inf[0] = 1
-  /// when any element was inf or NaN. found_inf is never cleared here, so several calls
-  /// (several optimizers, several devices) can share one flag. scale, found_inf: f32 scalars.
-  void unscale_grads(std::span<const TensorT> grads, const TensorT& scale, const TensorT& found_inf) {
-    const float inv_scale = static_cast<float>(1.0 / static_cast<double>(scale.data_as<const float>()[0]));
-    float* flag = found_inf.data_as<float>();
-    for (const TensorT& grad : grads) {
-      visit_floating(grad.dtype(), "unscale_grads", [&]<class T>() {
-        if (kernels::unscale_and_check(grad.data_as<T>(), grad.numel(), inv_scale)) flag[0] = 1.0f;
-      });
-    }
-  }
-
-  /// One step of the dynamic loss-scale rule (update_scale_state) on backend scalars:
-  /// scale f32, growth_tracker and hysteresis_left i32, found_inf f32 (non-zero: overflow).
-  void update_scale(const TensorT& scale, const TensorT& growth_tracker, const TensorT& hysteresis_left,
-                    const TensorT& found_inf, const ScaleUpdateArgs& args) {
-    update_scale_state(scale.data_as<float>()[0], growth_tracker.data_as<std::int32_t>()[0],
-                       hysteresis_left.data_as<std::int32_t>()[0], found_inf.data_as<const float>()[0] != 0.0f, args);
-  }
-
   /// accumulator[0] += sum(x^2), accumulated in the accumulator's dtype (f32 scalar; f64 allowed).
   void sum_squares(const TensorT& x, const TensorT& accumulator) {
     visit_floating(x.dtype(), "sum_squares", [&]<class T>() {
@@ -348,24 +311,6 @@ class Backend {
   static void check_ids(const TensorT& ids, std::int64_t bad, std::int64_t vocab, const char* when) {
     detail::check(bad < 0, "embedding", when, ": id ", bad < 0 ? 0 : ids.data_as<const std::int32_t>()[bad],
                   " at position ", bad, " is outside [0, ", vocab, ")");
-  }
-
-  /// The typed update pass behind both apply_update overloads; store_copy writes the model copy.
-  template <class Update, class StoreCopy>
-  void update_with(Update update, const TensorT& param, const TensorT& grad, const TensorT& first_moment,
-                   const TensorT& second_moment, StoreCopy store_copy) {
-    visit_floating(param.dtype(), "apply_update", [&]<class TP>() {
-      if constexpr (std::is_same_v<TP, float> || std::is_same_v<TP, double>) {
-        visit_floating(grad.dtype(), "apply_update", [&]<class TG>() {
-          kernels::apply_update(update, param.data_as<TP>(), grad.data_as<const TG>(),
-                                first_moment.defined() ? first_moment.data_as<TP>() : nullptr,
-                                second_moment.defined() ? second_moment.data_as<TP>() : nullptr, param.numel(),
-                                store_copy);
-        });
-      } else {
-        detail::expects(false, "apply_update: an f32 or f64 param");
-      }
-    });
   }
 
   MemoryStats stats_;

@@ -25,18 +25,18 @@
 
 #include "trainmem/backend/cuda/allocator.cuh"
 #include "trainmem/backend/cuda/error.cuh"
+#include "trainmem/backend/cuda/fused_update.cuh"
 #include "trainmem/backend/cuda/gemm.cuh"
 #include "trainmem/backend/cuda/index_checks.cuh"
+#include "trainmem/backend/cuda/kernels/attention.cuh"
 #include "trainmem/backend/cuda/kernels/dropout.cuh"
 #include "trainmem/backend/cuda/kernels/elementwise.cuh"
 #include "trainmem/backend/cuda/kernels/embedding.cuh"
 #include "trainmem/backend/cuda/kernels/loss.cuh"
-#include "trainmem/backend/cuda/kernels/loss_scale.cuh"
 #include "trainmem/backend/cuda/kernels/norm.cuh"
 #include "trainmem/backend/cuda/kernels/reduction.cuh"
 #include "trainmem/backend/cuda/kernels/shape.cuh"
 #include "trainmem/backend/cuda/kernels/softmax.cuh"
-#include "trainmem/backend/cuda/kernels/update.cuh"
 #include "trainmem/backend/cuda/offload.cuh"
 #include "trainmem/backend/cuda/stream.cuh"
 #include "trainmem/core/backend_contract.hpp"
@@ -44,7 +44,7 @@
 namespace trainmem::cuda {
 
 /// \brief CUDA backend: cuBLASLt for GEMM, CUDA kernels for the rest, one stream per instance.
-class Backend {
+class Backend : public FusedUpdate<Backend> {
  public:
   using TensorT = Tensor<Backend>;
   using HostCopy = cuda::HostCopy;
@@ -263,6 +263,24 @@ class Backend {
                            fill);
     });
   }
+  /// Fused attention (kernels/attention.cuh); lse and delta in the accumulator dtype.
+  void attention(const TensorT& q, const TensorT& k, const TensorT& v, const TensorT& out, const TensorT& lse,
+                 const AttentionSizes& sizes) {
+    visit_floating(q.dtype(), "attention", [&]<class T>() {
+      kernels::attention(context(), q.data_as<const T>(), k.data_as<const T>(), v.data_as<const T>(), out.data_as<T>(),
+                         lse.data_as<AccumulatorOf<T>>(), sizes);
+    });
+  }
+  void attention_backward(const TensorT& q, const TensorT& k, const TensorT& v, const TensorT& lse, const TensorT& dout,
+                          const TensorT& dq, const TensorT& dk, const TensorT& dv, const TensorT& delta,
+                          const AttentionSizes& sizes) {
+    visit_floating(q.dtype(), "attention_backward", [&]<class T>() {
+      using Acc = AccumulatorOf<T>;
+      kernels::attention_backward(context(), q.data_as<const T>(), k.data_as<const T>(), v.data_as<const T>(),
+                                  lse.data_as<const Acc>(), dout.data_as<const T>(), dq.data_as<T>(), dk.data_as<T>(),
+                                  dv.data_as<T>(), delta.data_as<Acc>(), sizes);
+    });
+  }
   void dropout(const TensorT& in, const TensorT& out, float p, RngState rng) {
     visit_floating(in.dtype(), "dropout", [&]<class T>() {
       kernels::dropout(context(), in.data_as<const T>(), out.data_as<T>(), in.numel(), p, rng);
@@ -284,50 +302,6 @@ class Backend {
     });
   }
 
-  /// One optimizer update pass: param (f32 or f64) and its moments updated in place, grad
-  /// (any floating dtype) read, and an optional 16-bit model copy written from the result;
-  /// first_moment, second_moment and model_copy may be undefined. When found_inf (an f32
-  /// scalar) is defined and non-zero the pass changes nothing, decided by the kernel (no
-  /// host wait); `rounding` says how the model copy is written (stochastic: bf16 only,
-  /// element i with draw i).
-  template <class Update>
-  void apply_update(Update update, const TensorT& param, const TensorT& grad, const TensorT& first_moment,
-                    const TensorT& second_moment, const TensorT& model_copy, const TensorT& found_inf = TensorT(),
-                    const CopyRounding& rounding = {}) {
-    detail::expects(param.dtype() == DType::F32 || param.dtype() == DType::F64, "apply_update: an f32 or f64 param");
-    detail::expects(grad.numel() == param.numel() && (!model_copy.defined() || model_copy.numel() == param.numel()),
-                    "apply_update: grad and model copy the size of param");
-    detail::expects(
-        rounding.mode == RoundingMode::NearestEven || !model_copy.defined() || model_copy.dtype() == DType::BF16,
-        "apply_update: a bf16 model copy for stochastic rounding");
-    const float* skip = found_inf.defined() ? scalar<float>(found_inf) : nullptr;
-    visit_floating(param.dtype(), "apply_update", [&]<class TP>() {
-      if constexpr (std::is_same_v<TP, float> || std::is_same_v<TP, double>) {
-        TP* s1 = first_moment.defined() ? first_moment.data_as<TP>() : nullptr;
-        TP* s2 = second_moment.defined() ? second_moment.data_as<TP>() : nullptr;
-        kernels::apply_update(context(), update, param.data_as<TP>(), grad.data(), grad.dtype(), s1, s2,
-                              model_copy.defined() ? model_copy.data() : nullptr,
-                              model_copy.defined() ? model_copy.dtype() : DType::F32, param.numel(), skip, rounding);
-      }
-    });
-  }
-
-  // --- mixed precision: the loss scaler's device side ------------------------------
-  /// grads *= 1/scale[0] in place (one launch per 48 tensors); found_inf[0] = 1 if any stored
-  /// result is inf or NaN (also one that overflows when unscaled); never cleared. f32 scalars.
-  void unscale_grads(std::span<const TensorT> grads, const TensorT& scale, const TensorT& found_inf) {
-    std::vector<kernels::GradRef> refs;
-    refs.reserve(grads.size());
-    for (const TensorT& g : grads)
-      if (g.defined()) refs.push_back({g.data(), g.numel(), g.dtype()});
-    kernels::unscale_grads(context(), refs, scalar<float>(scale), scalar<float>(found_inf));
-  }
-  /// One step of the dynamic loss-scale rule (update_scale_state) in a one-thread kernel.
-  void update_scale(const TensorT& scale, const TensorT& growth_tracker, const TensorT& hysteresis_left,
-                    const TensorT& found_inf, const ScaleUpdateArgs& args) {
-    kernels::update_scale(context(), scalar<float>(scale), scalar<std::int32_t>(growth_tracker),
-                          scalar<std::int32_t>(hysteresis_left), scalar<float>(found_inf), args);
-  }
   /// accumulator[0] += sum(x^2), summed in the accumulator's dtype (an f32 scalar; f64 allowed).
   void sum_squares(const TensorT& x, const TensorT& accumulator) {
     detail::expects(accumulator.numel() == 1, "sum_squares: a scalar accumulator");
@@ -359,6 +333,8 @@ class Backend {
   std::size_t offloads_pending() const { return offload_.pending(); }
 
  private:
+  friend class FusedUpdate<Backend>;
+
   /// What a launcher needs; makes the backend's device current, since every launch goes through here.
   kernels::KernelContext context() {
     runtime::make_current(device_);
@@ -371,13 +347,6 @@ class Backend {
                         (a.dtype() == DType::F64) == (c.dtype() == DType::F64),
                     "gemm: A and B of one floating dtype, f64 only with f64");
   }
-  /// A device scalar of the loss scaler or the optimizer (data_as checks its dtype).
-  template <class T>
-  static T* scalar(const TensorT& t) {
-    detail::expects(t.numel() == 1, "a one-element ", dtype_of<T>(), " tensor");
-    return t.data_as<T>();
-  }
-
   int device_;
   runtime::StreamHandle stream_;
   int sm_count_;
