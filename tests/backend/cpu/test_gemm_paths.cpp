@@ -155,6 +155,37 @@ TEST_CASE("every CPU GEMM path matches F64: dtypes, transposes, alpha, beta, bia
   if (path == cpu::GemmPath::OneDnn && cs.ab == DType::F32) CHECK(std::string(taken) == "onednn");
 }
 
+TEST_CASE("the widening path chunks a deep k: F64 accuracy, workspace far below one widened operand",
+          "[backend][cpu][gemm]") {
+  const ForcedPath forced(cpu::GemmPath::Eigen);
+  const auto dtypes = GENERATE(std::pair{DType::BF16, DType::BF16}, std::pair{DType::BF16, DType::F32},
+                               std::pair{DType::F16, DType::F16});
+  const bool ta = GENERATE(false, true), tb = GENERATE(false, true);
+  const auto [alpha, beta] = GENERATE(std::pair{1.0, 0.0}, std::pair{0.5, -0.75});
+  const bool with_bias = GENERATE(false, true);
+  Case cs{GemmArgs{}, dtypes.first, dtypes.second, with_bias, false, std::nullopt};
+  cs.g.batch = 2;  // strided entries, each widened in its own chunks
+  cs.g.m = 40;
+  cs.g.n = 96;
+  cs.g.k = 2 * cpu::kernels::kMaxWidenedDepth + 77;  // deep, and not a multiple of the chunk
+  cs.g.trans_a = ta;
+  cs.g.trans_b = tb;
+  cs.g.stride_a = cs.g.m * cs.g.k;
+  cs.g.stride_b = cs.g.k * cs.g.n;
+  cs.g.stride_c = cs.g.m * cs.g.n;
+  cs.g.alpha = alpha;
+  cs.g.beta = beta;
+  B backend;
+  INFO(cs.ab << " -> " << cs.c << " trans_a " << ta << " trans_b " << tb << " alpha " << alpha << " beta " << beta
+             << " bias " << with_bias);
+  const auto [outside, worst] = run_case(cs, backend);
+  INFO("outside bound: " << outside << ", worst error/bound " << worst);
+  CHECK(outside == 0);
+  // Widening B whole would take k n f32 values; chunks take a fraction of it per thread.
+  CHECK(backend.memory().peak(MemCategory::Workspace) < cs.g.k * cs.g.n * 4 / 2);
+  CHECK(backend.memory().live(MemCategory::Workspace) == 0);
+}
+
 TEST_CASE("every CPU GEMM path fuses bias (any dtype) and GELU before C's one rounding", "[backend][cpu][gemm]") {
   const cpu::GemmPath path = GENERATE(from_range(paths()));
   const DType dtype = GENERATE(DType::F32, DType::BF16, DType::F16, DType::F64);

@@ -81,6 +81,10 @@ void widen_block(const T* src, std::int64_t ld, std::int64_t rows, std::int64_t 
 
 /// Rows of op(A) widened and multiplied per Eigen call when A or C needs converting.
 inline constexpr std::int64_t kBlockRows = 256;
+/// Above this depth k, 16-bit operands are widened kDepthChunk of k at a time (both A and
+/// B), so the workspace stays a few MiB when k is a token count (weight gradients).
+inline constexpr std::int64_t kMaxWidenedDepth = 2048;
+inline constexpr std::int64_t kDepthChunk = 512;
 /// Fewest rows of C, and multiply-adds, worth a thread of their own.
 inline constexpr std::int64_t kMinRowsPerThread = 16;
 inline constexpr double kMinMacsPerThread = 1 << 20;
@@ -126,15 +130,55 @@ void eigen_path_gemm(const GemmArgs& g, const TA* a, const TA* b, TC* c, const E
   const std::int64_t rows_per_thread = (stacked_rows + threads - 1) / threads;
   const std::int64_t block = widen_ab || widen_c ? std::min(kBlockRows, rows_per_thread) : stacked_rows;
 
+  // Deep products widen A and B a depth chunk at a time, each thread its own B chunk.
+  const bool deep = widen_ab && g.k > kMaxWidenedDepth;
+  const std::int64_t depth = deep ? kDepthChunk : g.k;
+  const std::int64_t b_slot_size = deep ? depth * g.n : b_size;
   // Workspaces come from the (single-threaded) allocator before any thread starts.
-  const Workspace<float> a_workspace(allocator, widen_ab ? static_cast<std::size_t>(threads * block * g.k) : 0);
-  const Workspace<float> b_workspace(allocator,
-                                     widen_ab ? static_cast<std::size_t>((shared_b ? 1 : threads) * b_size) : 0);
+  const Workspace<float> a_workspace(allocator, widen_ab ? static_cast<std::size_t>(threads * block * depth) : 0);
+  const Workspace<float> b_workspace(
+      allocator, widen_ab ? static_cast<std::size_t>((shared_b && !deep ? 1 : threads) * b_slot_size) : 0);
   const Workspace<float> c_workspace(allocator, widen_c ? static_cast<std::size_t>(threads * block * g.n) : 0);
   float* a_work = a_workspace.get();
   float* b_work = b_workspace.get();
   float* c_work = c_workspace.get();
   const Acc alpha = static_cast<Acc>(g.alpha), beta = static_cast<Acc>(g.beta);
+
+  // Rows [first, last) of entry e of C with op(A) and op(B) widened depth chunk by depth
+  // chunk into the thread's slots, accumulating in F32 (c_slot, or C itself when F32).
+  auto multiply_rows_deep = [&](std::int64_t e, std::int64_t first, std::int64_t last, float* a_slot, float* b_slot,
+                                float* c_slot) {
+    if constexpr (widen_ab) {  // 16-bit operands only: Acc is float
+      const TA* A = a + e * g.stride_a;
+      const TA* Bm = b + e * g.stride_b;
+      TC* C = c + e * g.stride_c;
+      for (std::int64_t row = first; row < last; row += block) {
+        const std::int64_t rows = std::min(block, last - row);
+        Acc* acc = c_slot;
+        std::int64_t ldacc = g.n;
+        if constexpr (widen_c) {
+          if (g.beta != 0.0) widen_block(C + row * g.ldc(), g.ldc(), rows, g.n, c_slot);
+        } else {
+          acc = C + row * g.ldc();
+          ldacc = g.ldc();
+        }
+        for (std::int64_t k0 = 0; k0 < g.k; k0 += depth) {
+          const std::int64_t kc = std::min(depth, g.k - k0);
+          if (g.trans_a) widen_block(A + k0 * g.lda() + row, g.lda(), kc, rows, a_slot);
+          else widen_block(A + row * g.lda() + k0, g.lda(), rows, kc, a_slot);
+          if (g.trans_b) widen_block(Bm + k0, g.ldb(), g.n, kc, b_slot);
+          else widen_block(Bm + k0 * g.ldb(), g.ldb(), kc, g.n, b_slot);
+          eigen_gemm<Acc>(a_slot, g.trans_a ? rows : kc, g.trans_a, b_slot, g.trans_b ? kc : g.n, g.trans_b, acc, ldacc,
+                          rows, g.n, kc, alpha, k0 == 0 ? beta : Acc(1));
+        }
+        apply_epilogue(epilogue, acc, ldacc, rows, g.n);
+        if constexpr (widen_c) {
+          for (std::int64_t r = 0; r < rows; ++r)
+            narrow_from_float(c_slot + r * g.n, C + (row + r) * g.ldc(), static_cast<std::size_t>(g.n));
+        }
+      }
+    }
+  };
 
   // Rows [first, last) of entry e of C, with entry e's op(B) given as (B, ldb).
   auto multiply_rows = [&](std::int64_t e, std::int64_t first, std::int64_t last, const Acc* B, std::int64_t ldb,
@@ -176,6 +220,16 @@ void eigen_path_gemm(const GemmArgs& g, const TA* a, const TA* b, TC* c, const E
   // thread does not enter OpenMP at all (NOTE [Parallel and SIMD]).
   const auto run_share = [&](const int t) {
     if constexpr (widen_ab) {
+      if (deep) {
+        const std::int64_t begin = stacked_rows * t / threads, end = stacked_rows * (t + 1) / threads;
+        for (std::int64_t row = begin; row < end;) {
+          const std::int64_t e = row / g.m, first = row % g.m, last = std::min(g.m, first + (end - row));
+          multiply_rows_deep(e, first, last, a_work + t * block * depth, b_work + t * b_slot_size,
+                             widen_c ? c_work + t * block * g.n : nullptr);
+          row += last - first;
+        }
+        return;
+      }
       if (shared_b) {
 #if defined(_OPENMP)
 #pragma omp for schedule(static)
@@ -184,7 +238,7 @@ void eigen_path_gemm(const GemmArgs& g, const TA* a, const TA* b, TC* c, const E
           widen_to_float(b + r * g.ldb(), b_work + r * b_cols, static_cast<std::size_t>(b_cols));
       }
     }
-    float* a_slot = widen_ab ? a_work + t * block * g.k : nullptr;
+    float* a_slot = widen_ab ? a_work + t * block * depth : nullptr;
     float* b_slot = widen_ab && !shared_b ? b_work + t * b_size : b_work;
     float* c_slot = widen_c ? c_work + t * block * g.n : nullptr;
     std::int64_t widened_entry = -1;
