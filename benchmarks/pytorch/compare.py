@@ -726,13 +726,14 @@ def libtorch_markdown(meta, rows, mib, ratio):
                  "(Python) side's gradients and losses, by the same criteria; peak MiB is c10's allocator accounting "
                  "from the legacy profiler's records, as for PyTorch.", "",
              "| model | config | loss rel err vs PyTorch | grad max_rel vs PyTorch | grad norm_rel | pass | step ms "
-             "libtorch | libtorch / PyTorch | trainmem / libtorch | CPU ms per step libtorch | trainmem / libtorch "
-             "CPU | peak MiB libtorch | trainmem / libtorch peak | peak RSS MiB libtorch |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "libtorch | libtorch / PyTorch | trainmem / libtorch | min step ms libtorch | min: libtorch / PyTorch "
+             "| min: trainmem / libtorch | CPU ms per step libtorch | trainmem / libtorch CPU | peak MiB libtorch "
+             "| trainmem / libtorch peak | peak RSS MiB libtorch |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in lt_rows:
         lt = r["libtorch"]
         if not lt["expressible"]:
-            lines.append(f"| {r['model']} | {r['config']} | {lt['note']} |" + " |" * 11)
+            lines.append(f"| {r['model']} | {r['config']} | {lt['note']} |" + " |" * 14)
             continue
         g = lt["grads"]
         worst = (f"{g['max_rel']['value']:.1e} ({g['max_rel']['param']})" if g["max_rel"]["value"] > 0
@@ -741,7 +742,9 @@ def libtorch_markdown(meta, rows, mib, ratio):
             f"| {r['model']} | {r['config']} | {lt['loss_rel']:.1e} | {worst} "
             f"| {g['norm_rel']['value']:.1e} | {'yes' if lt['pass'] else '**no**'} "
             f"| {lt['step_ms']:.1f} | {ratio(lt['step_ms'], r['step_ms']['pytorch'])} "
-            f"| {ratio(r['step_ms']['trainmem'], lt['step_ms'])} | {lt['step_cpu_ms']:.1f} "
+            f"| {ratio(r['step_ms']['trainmem'], lt['step_ms'])} | {lt['min_step_ms']:.1f} "
+            f"| {ratio(lt['min_step_ms'], r['min_step_ms']['pytorch'])} "
+            f"| {ratio(r['min_step_ms']['trainmem'], lt['min_step_ms'])} | {lt['step_cpu_ms']:.1f} "
             f"| {ratio(r['step_cpu_ms']['trainmem'], lt['step_cpu_ms'])} | {mib(lt['peak_bytes'])} "
             f"| {ratio(r['peak_bytes']['trainmem'], lt['peak_bytes'])} | {mib(lt['peak_rss_bytes'])} |")
     return lines

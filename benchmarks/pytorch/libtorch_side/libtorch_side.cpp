@@ -51,8 +51,7 @@ std::vector<char> read_file(const std::string& path) {
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
-torch::Tensor tensor_from_file(const std::string& path, const std::vector<std::int64_t>& shape,
-                               torch::Dtype dtype) {
+torch::Tensor tensor_from_file(const std::string& path, const std::vector<std::int64_t>& shape, torch::Dtype dtype) {
   std::vector<char> bytes = read_file(path);
   const auto count = std::accumulate(shape.begin(), shape.end(), std::int64_t{1}, std::multiplies<>());
   const auto element = static_cast<std::int64_t>(torch::elementSize(dtype));
@@ -160,9 +159,8 @@ void build_transformer(Model& m, const json& sizes) {
       const torch::Tensor q = split_heads(m.linear(x, pre + ".attn.q"));
       const torch::Tensor k = split_heads(m.linear(x, pre + ".attn.k"));
       const torch::Tensor v = split_heads(m.linear(x, pre + ".attn.v"));
-      const torch::Tensor scores =
-          (torch::bmm(q, k.transpose(1, 2)) * (1.0 / std::sqrt(static_cast<double>(dh))))
-              .masked_fill(causal, -std::numeric_limits<double>::infinity());
+      const torch::Tensor scores = (torch::bmm(q, k.transpose(1, 2)) * (1.0 / std::sqrt(static_cast<double>(dh))))
+                                       .masked_fill(causal, -std::numeric_limits<double>::infinity());
       const torch::Tensor probs = m.fp32([](const torch::Tensor& s) { return torch::softmax(s, -1); }, scores);
       const torch::Tensor o =
           torch::bmm(probs, v).reshape({batch, heads, seq, dh}).transpose(1, 2).reshape({batch, seq, d});
@@ -267,9 +265,9 @@ int main(int argc, char** argv) try {
   std::int64_t weight_count = 0;
   for (const auto& p : manifest.at("params")) {
     const auto shape = p.at("shape").get<std::vector<std::int64_t>>();
-    weight_count = std::max(weight_count, p.at("offset").get<std::int64_t>() +
-                                              std::accumulate(shape.begin(), shape.end(), std::int64_t{1},
-                                                              std::multiplies<>()));
+    weight_count =
+        std::max(weight_count, p.at("offset").get<std::int64_t>() +
+                                   std::accumulate(shape.begin(), shape.end(), std::int64_t{1}, std::multiplies<>()));
   }
   const torch::Tensor weights =
       tensor_from_file(dir + "/" + manifest.at("weights").get<std::string>(), {weight_count}, torch::kFloat);
@@ -399,7 +397,8 @@ int main(int argc, char** argv) try {
       "libtorch %s %s: loss %.6f -> %.6f, median step %.2f ms (fwd %.2f bwd %.2f opt %.2f), peak %.1f MiB "
       "(profiler), peak RSS %.1f MiB, %d threads\n",
       model_name.c_str(), config.c_str(), losses.front(), losses.back(), median(step_ms), median(forward_ms),
-      median(backward_ms), median(optimizer_ms), static_cast<double>(memory.at("peak_total_bytes").get<std::int64_t>()) / (1 << 20),
+      median(backward_ms), median(optimizer_ms),
+      static_cast<double>(memory.at("peak_total_bytes").get<std::int64_t>()) / (1 << 20),
       static_cast<double>(hwm) / (1 << 20), torch::get_num_threads());
   return 0;
 } catch (const std::exception& e) {

@@ -52,7 +52,8 @@ int main(int argc, char** argv) try {
     else if (a == "--threads") threads = std::stoi(value);
     else throw std::runtime_error("op_overhead_libtorch: unknown argument " + a);
   }
-  if (chain < 1 || reps < 3 || warmup < 1) throw std::runtime_error("op_overhead_libtorch: chain >= 1, reps >= 3, warmup >= 1");
+  if (chain < 1 || reps < 3 || warmup < 1)
+    throw std::runtime_error("op_overhead_libtorch: chain >= 1, reps >= 3, warmup >= 1");
   torch::set_num_threads(threads);
 
   const std::vector<std::pair<std::string, Op>> cases = {
