@@ -8,8 +8,9 @@
 // measured is the library's per-op cost: the op entry (validation, autocast lookup), the
 // node and its saved tensors, the allocations and the backward walk.
 //
-// The PyTorch eager and libtorch C++ sides of the same measurement are not part of this
-// program (benchmarks/pytorch would hold them).
+// The same measurement on libtorch C++ (benchmarks/pytorch/libtorch_side/
+// op_overhead_libtorch.cpp) and PyTorch eager (op_overhead_torch.py here); ./run in this
+// folder runs all three and writes them into one table (results/op_overhead.md).
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 

@@ -10,8 +10,8 @@ Each side runs each configuration in a fresh process, so the process peak RSS be
 to that configuration, with the same thread count (torch.set_num_threads(N) here,
 OMP_NUM_THREADS=N for both processes).
 
-  compare.py all --trainmem BIN --work DIR --results DIR [--threads 2] [--steps 8] ...
-      export, run both sides for every model and configuration, write the report
+  compare.py all --trainmem BIN [--libtorch BIN] --work DIR --results DIR [--threads 2] [--steps 8] ...
+      export, run every side for every model and configuration, write the report
   compare.py torch-run --dir DIR/<model> --config CFG [--threads 2] [--device cpu]
       PyTorch's side of one configuration (what `all` starts in a fresh process)
   compare.py report --work DIR --results DIR
@@ -30,7 +30,12 @@ Configurations (both sides):
              (autocast disabled, inputs cast up): PyTorch 1.13's CPU lists would run
              layer_norm and softmax in bf16 when their input is bf16.
 
-Errors, per tensor b (PyTorch) and a (trainmem):
+A third side, libtorch_side (libtorch_side/libtorch_side.cpp: the same model on PyTorch's C++
+API, linked against the wheel's libtorch), runs f32 and bf16 when --libtorch is given; the
+checkpointing configurations have no libtorch counterpart (torch.utils.checkpoint is Python
+only) and the report says so in their rows.
+
+Errors, per tensor b (PyTorch) and a (trainmem, or libtorch):
   max_rel    max|a - b| / max|b|   (the criterion for F32: <= 1e-5)
   norm_rel   ||a - b||_2 / ||b||_2 (the criterion for BF16: <= 1e-2, METHOD.md)
   elem_rel   max over elements with |b| > 1e-3 max|b| of |a - b| / |b| (reported)
@@ -53,6 +58,8 @@ from pathlib import Path
 import numpy as np
 
 CONFIGS = ["f32", "ckpt_full", "ckpt_sqrt", "bf16"]
+LIBTORCH_CONFIGS = ["f32", "bf16"]
+LIBTORCH_NOT_EXPRESSIBLE = "not expressible (libtorch has no C++ checkpoint API)"
 MODELS = ["mlp", "transformer"]
 F32_TOL = 1e-5
 BF16_NORM_TOL = 1e-2
@@ -348,7 +355,8 @@ def profiled_peak(torch, one_step, optimizer, params, batch):
             elif kind == "pop" and stack:
                 stack.pop()
             elif kind == "memory_alloc":
-                changes.append((r.cpu_elapsed_us(origin), r.cpu_memory_usage(), stack[-1] if stack else "-"))
+                # a.cpu_elapsed_us(b) is b's time minus a's: the time since the first record.
+                changes.append((origin.cpu_elapsed_us(r), r.cpu_memory_usage(), stack[-1] if stack else "-"))
     if len(records) > 1:
         changes.sort(key=lambda c: c[0])
     peak, peak_op, running = running_peak((nbytes, op) for _, nbytes, op in changes)
@@ -400,7 +408,9 @@ def torch_build_info(torch):
         info["package"] = subprocess.run(["dpkg-query", "-W", "-f=${Package} ${Version}", "python3-torch"],
                                          capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
-        pass
+        if sys.prefix != sys.base_prefix:  # a virtual environment: pip's wheel
+            from importlib import metadata
+            info["package"] = f"pip wheel torch {metadata.version('torch')} in the virtual environment {sys.prefix}"
     info["config_show"] = config
     return info
 
@@ -477,15 +487,21 @@ def run_all(args):
                    "median_optimizer_ms"]
     history = {}  # (model, config, side) -> per-round timings
     for model in args.models:
+        for stale in (work / model).glob("libtorch_*"):  # a report without --libtorch has no libtorch rows
+            stale.unlink()
         subprocess.run(pin + [args.trainmem, "--model", model, "--out", str(work), "--export"], check=True, env=env)
         for r in range(args.rounds):
             for i, config in enumerate(args.configs):
                 trainmem_cmd = pin + [args.trainmem, "--model", model, "--config", config, "--out", str(work)] + common
                 torch_cmd = pin + [sys.executable, __file__, "torch-run", "--dir", str(work / model), "--config",
                                    config, "--threads", str(args.threads), "--device", args.device] + common
-                # Alternate which side runs first, so that drifting machine load hits both alike.
                 sides = [("trainmem", trainmem_cmd), ("torch", torch_cmd)]
-                for side, cmd in (sides if (i + r) % 2 == 0 else sides[::-1]):
+                if args.libtorch and config in LIBTORCH_CONFIGS:
+                    sides.append(("libtorch", pin + [args.libtorch, "--dir", str(work / model), "--config", config,
+                                                     "--threads", str(args.threads)] + common))
+                # Rotate which side runs first, so that drifting machine load hits all alike.
+                turn = (i + r) % len(sides)
+                for side, cmd in sides[turn:] + sides[:turn]:
                     subprocess.run(cmd, check=True, env=env)
                     result = json.loads((work / model / f"{side}_{config}.json").read_text())
                     history.setdefault((model, config, side), []).append({k: result[k] for k in timing_keys})
@@ -560,6 +576,23 @@ def report(args):
             else:
                 row["criterion"] = f"grad max_rel <= {F32_TOL:g}; loss rel <= {F32_TOL:g}"
                 row["pass"] = grads["max_rel"]["value"] <= F32_TOL and row["loss_rel"] <= F32_TOL
+            lt_file = model_dir / f"libtorch_{config}.json"
+            if config not in LIBTORCH_CONFIGS:
+                row["libtorch"] = {"expressible": False, "note": LIBTORCH_NOT_EXPRESSIBLE}
+            elif lt_file.exists():
+                lt = json.loads(lt_file.read_text())
+                lt_grads = compare_grads(model_dir, manifest, lt["grads_file"], pt["grads_file"], ref)
+                lt_loss = loss_error(lt["losses"], pt["losses"])
+                lt_pass = (lt_grads["norm_rel"]["value"] <= BF16_NORM_TOL and lt_loss <= BF16_NORM_TOL
+                           if config == "bf16" else lt_grads["max_rel"]["value"] <= F32_TOL and lt_loss <= F32_TOL)
+                row["libtorch"] = {
+                    "expressible": True, "loss_rel": lt_loss, "grads": lt_grads, "pass": lt_pass,
+                    "losses": lt["losses"], "step_ms": lt["median_step_ms"], "min_step_ms": lt["min_step_ms"],
+                    "step_cpu_ms": lt["median_step_cpu_ms"],
+                    "phase_ms": {k: lt[f"median_{k}_ms"] for k in ("forward", "backward", "optimizer")},
+                    "peak_bytes": lt["memory"].get("peak_total_bytes"), "peak_rss_bytes": lt["rss"]["peak_bytes"],
+                    "rss_growth_bytes": lt["rss"]["peak_bytes"] - lt["rss"]["baseline_bytes"],
+                    "build": lt["build"], "memory_accounting": lt["memory"].get("accounting")}
             rows.append(row)
     if not runs:
         sys.exit("report: no runs found under " + str(work))
@@ -574,6 +607,9 @@ def report(args):
             "trainmem_build": tm0["build"],
             "pytorch_build": {k: v for k, v in pt0["build"].items() if k != "config_show"},
             "memory_accounting": {"trainmem": tm0["memory"]["accounting"], "pytorch": pt0["memory"].get("accounting")}}
+    libtorch_builds = [r["libtorch"]["build"] for r in rows if r.get("libtorch", {}).get("expressible")]
+    if libtorch_builds:
+        meta["libtorch_build"] = libtorch_builds[0]
     (results / "pytorch_compare.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
     notes = Path(__file__).with_name("NOTES.md")  # the profile behind the ratios, written by hand
     (results / "pytorch_compare.md").write_text(
@@ -587,6 +623,8 @@ def markdown(meta, rows):
     pb = meta["pytorch_build"]
     blas = ", ".join(os.path.basename(os.path.dirname(p)) + "/" + os.path.basename(p) for p in pb["loaded_blas"]
                      if "blas" in os.path.basename(p) or "mkl" in os.path.basename(p)) or pb["blas_info"]
+    if pb["blas_info"] == "mkl":  # the wheels link MKL into libtorch_cpu; mapped BLASes are numpy's or CUDA's
+        blas = "MKL, linked into libtorch_cpu"
     m = meta["machine"]
     lines = [
         "# trainmem vs PyTorch, side by side",
@@ -599,7 +637,7 @@ def markdown(meta, rows):
         f"{meta['threads']['pytorch']} (torch.set_num_threads); OMP_WAIT_POLICY "
         f"{meta['run_settings'].get('OMP_WAIT_POLICY', 'unset')} for both; pinned: "
         f"{meta['run_settings'].get('taskset') or 'no'}; device {meta['device']}",
-        f"- trainmem: {meta['trainmem_build']['gemm']}; 16-bit operands widened to F32 first; g++ "
+        f"- trainmem: {meta['trainmem_build']['gemm']}; g++ "
         f"{meta['trainmem_build']['compiler']} -O2 -march=native; Eigen SIMD {meta['trainmem_build']['simd']}",
         f"- PyTorch {pb['torch']}{' (' + pb['package'] + ')' if pb.get('package') else ''} "
         f"(BLAS_INFO={pb['blas_info']}; BLAS loaded: {blas}; oneDNN {pb['onednn']} "
@@ -642,7 +680,9 @@ def markdown(meta, rows):
             f"({g['max_rel']['param']}) | {g['norm_rel']['value']:.1e} | {'yes' if r['pass'] else '**no**'} "
             f"| {st:.1f} | {sp:.1f} | {ratio(st, sp)} | {mib(mt)} | {mib(mp)} | {ratio(mt, mp)} "
             f"| {mib(rt)} / {mib(rp)} | {mib(gt)} / {mib(gp)} | {ratio(gt, gp)} |")
-    lines += ["", "Ratios are trainmem / PyTorch (below 1: trainmem is faster or smaller).", "",
+    lines += ["", "Ratios are trainmem / PyTorch (below 1: trainmem is faster or smaller)."]
+    lines += libtorch_markdown(meta, rows, mib, ratio)
+    lines += ["",
               "Timing detail — minimum step time and process CPU time per step (all threads; steadier than wall "
               "time when other work shares the cores), and the median phases, trainmem / PyTorch:", "",
               "| model | config | min step ms | min ratio | CPU ms per step | CPU ratio | forward ms | backward ms "
@@ -672,6 +712,44 @@ def markdown(meta, rows):
     return "\n".join(lines) + "\n"
 
 
+def libtorch_markdown(meta, rows, mib, ratio):
+    """The libtorch C++ side's rows: its errors against PyTorch's run, its times and peaks, and
+    trainmem's against it."""
+    lt_rows = [r for r in rows if "libtorch" in r]
+    if not any(r["libtorch"]["expressible"] for r in lt_rows):
+        return []
+    b = meta["libtorch_build"]
+    lines = ["", f"**libtorch C++ side** (libtorch_side: the same models on PyTorch's C++ API — torch::linear, "
+                 f"torch::optim::SGD, at::autocast's CPU switches for BF16 — linked against the wheel's own libtorch "
+                 f"{b['libtorch']} (libtorch_cpu; _GLIBCXX_USE_CXX11_ABI={b['glibcxx_use_cxx11_abi']}), g++ "
+                 f"{b['compiler']} -O3; same weights, batch, threads and rounds). Errors are against the PyTorch "
+                 "(Python) side's gradients and losses, by the same criteria; peak MiB is c10's allocator accounting "
+                 "from the legacy profiler's records, as for PyTorch.", "",
+             "| model | config | loss rel err vs PyTorch | grad max_rel vs PyTorch | grad norm_rel | pass | step ms "
+             "libtorch | libtorch / PyTorch | trainmem / libtorch | min step ms libtorch | min: libtorch / PyTorch "
+             "| min: trainmem / libtorch | CPU ms per step libtorch | trainmem / libtorch CPU | peak MiB libtorch "
+             "| trainmem / libtorch peak | peak RSS MiB libtorch |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in lt_rows:
+        lt = r["libtorch"]
+        if not lt["expressible"]:
+            lines.append(f"| {r['model']} | {r['config']} | {lt['note']} |" + " |" * 14)
+            continue
+        g = lt["grads"]
+        worst = (f"{g['max_rel']['value']:.1e} ({g['max_rel']['param']})" if g["max_rel"]["value"] > 0
+                 else "0 (every gradient bit for bit)")
+        lines.append(
+            f"| {r['model']} | {r['config']} | {lt['loss_rel']:.1e} | {worst} "
+            f"| {g['norm_rel']['value']:.1e} | {'yes' if lt['pass'] else '**no**'} "
+            f"| {lt['step_ms']:.1f} | {ratio(lt['step_ms'], r['step_ms']['pytorch'])} "
+            f"| {ratio(r['step_ms']['trainmem'], lt['step_ms'])} | {lt['min_step_ms']:.1f} "
+            f"| {ratio(lt['min_step_ms'], r['min_step_ms']['pytorch'])} "
+            f"| {ratio(r['min_step_ms']['trainmem'], lt['min_step_ms'])} | {lt['step_cpu_ms']:.1f} "
+            f"| {ratio(r['step_cpu_ms']['trainmem'], lt['step_cpu_ms'])} | {mib(lt['peak_bytes'])} "
+            f"| {ratio(r['peak_bytes']['trainmem'], lt['peak_bytes'])} | {mib(lt['peak_rss_bytes'])} |")
+    return lines
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -697,6 +775,7 @@ def main():
         p.add_argument("--configs", type=lambda s: s.split(","), default=CONFIGS)
         if name == "all":
             p.add_argument("--trainmem", required=True, help="the trainmem_side program")
+            p.add_argument("--libtorch", help="the libtorch_side program (libtorch_side/); without it no libtorch rows")
             p.add_argument("--rounds", type=int, default=3,
                            help="fresh processes per side and configuration; timings are medians over them")
             p.add_argument("--wait-policy", default="passive", choices=["passive", "active"],

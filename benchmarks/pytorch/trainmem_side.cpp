@@ -27,6 +27,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -220,6 +221,23 @@ json peak_neighbourhood(const std::vector<tmem::MemoryStats::TimelineEntry>& eve
           {"events_around_peak", window}};
 }
 
+/// Which GEMM the products take on this machine (NOTE [CPU GEMM path]): at the default
+/// sizes every product has a dimension below kOneDnnF32MinDim, so F32 stays with Eigen;
+/// 16-bit operands go to oneDNN only where it has AMX.
+std::string gemm_description() {
+  const std::string eigen = "Eigen " + std::to_string(EIGEN_WORLD_VERSION) + "." + std::to_string(EIGEN_MAJOR_VERSION) +
+                            "." + std::to_string(EIGEN_MINOR_VERSION);
+  const char* forced = std::getenv("TRAINMEM_CPU_GEMM");
+  std::string text = eigen + " GEMM for F32 products with a dimension under " +
+                     std::to_string(tmem::cpu::kOneDnnF32MinDim) +
+                     " (all of them at the default sizes; rows split over OpenMP threads); 16-bit operands ";
+  if (!tmem::cpu::kernels::kHaveOneDnn) text += "widened to F32 for Eigen (built without oneDNN)";
+  else if (tmem::cpu::kernels::onednn_has_amx()) text += "multiplied by oneDNN (AMX)";
+  else text += "widened to F32 for Eigen (oneDNN found, but this CPU has no AMX)";
+  if (forced != nullptr && *forced != '\0') text += std::string("; TRAINMEM_CPU_GEMM=") + forced;
+  return text;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -402,8 +420,7 @@ int main(int argc, char** argv) {
       {"sizes", s.to_json()},
       {"threads", threads},
       {"build",
-       {{"gemm", "Eigen " + std::to_string(EIGEN_WORLD_VERSION) + "." + std::to_string(EIGEN_MAJOR_VERSION) + "." +
-                     std::to_string(EIGEN_MINOR_VERSION) + " GEMM (F32), rows split over OpenMP threads"},
+       {{"gemm", gemm_description()},
         {"compiler", __VERSION__},
         {"simd", Eigen::SimdInstructionSetsInUse()},
         {"openmp", threads_source}}},
