@@ -210,10 +210,15 @@ def train(torch, manifest, text, attention, schedule, batch, steps):
 
 
 def cpu_model():
+    """The model name, with family and model numbers (virtual machines often name no model)."""
+    fields = {}
     for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+        if not line.strip():
+            break
+    name = fields.get("model name", platform.processor())
+    return f"{name} (family {fields.get('cpu family', '?')} model {fields.get('model', '?')})"
 
 
 def cpu_flags():
