@@ -165,8 +165,8 @@ TEST_CASE("the widening path chunks a deep k: F64 accuracy, workspace far below 
   const bool with_bias = GENERATE(false, true);
   Case cs{GemmArgs{}, dtypes.first, dtypes.second, with_bias, false, std::nullopt};
   cs.g.batch = 2;  // strided entries, each widened in its own chunks
-  cs.g.m = 40;
-  cs.g.n = 96;
+  cs.g.m = 24;
+  cs.g.n = 48;
   cs.g.k = 2 * cpu::kernels::kMaxWidenedDepth + 77;  // deep, and not a multiple of the chunk
   cs.g.trans_a = ta;
   cs.g.trans_b = tb;
