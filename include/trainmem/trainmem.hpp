@@ -33,6 +33,7 @@
 #include "trainmem/ops/power.hpp"
 #include "trainmem/ops/reduction.hpp"
 #include "trainmem/ops/shape.hpp"
+#include "trainmem/ops/slice_concat.hpp"
 #include "trainmem/ops/softmax.hpp"
 
 #include "trainmem/amp/autocast.hpp"

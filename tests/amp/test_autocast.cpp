@@ -104,12 +104,18 @@ std::vector<OpCase> op_cases() {
        F32, F32, F32, F32, F64},
       {"sum", one([](auto x) { return tmem::sum(x); }), F32, F32, F32, F32, F64},
       {"mean", one([](auto x) { return tmem::mean(x); }), F32, F32, F32, F32, F64},
+      {"sum over an axis", one([](auto x) { return tmem::sum(x, -1, true); }), F32, F32, F32, F32, F64},
+      {"mean over an axis", one([](auto x) { return tmem::mean(x, 0); }), F32, F32, F32, F32, F64},
       {"exp", one([](auto x) { return tmem::exp(x); }), F32, F32, F32, BF16, F64},
       {"log", one([](auto x) { return tmem::log(x); }), F32, F32, F32, BF16, F64},
       // Promote (widest input): equal dtypes here, so the inputs' dtype.
       {"add", two([](auto a, auto b) { return tmem::add(a, b); }), F32, F32, BF16, BF16, F64},
       {"sub", two([](auto a, auto b) { return tmem::sub(a, b); }), F32, F32, BF16, BF16, F64},
       {"mul", two([](auto a, auto b) { return tmem::mul(a, b); }), F32, F32, BF16, BF16, F64},
+      {"concat", two([](auto a, auto b) {
+         return tmem::concat<B>({a, b}, 0);
+       }),
+       F32, F32, BF16, BF16, F64},
       // Unchanged: the input's dtype.
       {"scale", one([](auto x) { return tmem::scale(x, 0.5); }), F32, F32, BF16, BF16, F64},
       {"relu", one([](auto x) { return tmem::relu(x); }), F32, F32, BF16, BF16, F64},
@@ -122,6 +128,7 @@ std::vector<OpCase> op_cases() {
        }),
        F32, F32, BF16, BF16, F64},
       {"transpose", one([](auto x) { return tmem::transpose(x); }), F32, F32, BF16, BF16, F64},
+      {"slice", one([](auto x) { return tmem::slice(x, 1, 1, 4); }), F32, F32, BF16, BF16, F64},
       {"embedding",
        [](tmem::Tape<B>& tape, DType d, V& in) {
          in = {input(tape, tmem::Shape{10, 6}, d)};

@@ -182,7 +182,7 @@ TEST_CASE("Shape mismatches name the op and both shapes", "[autograd][errors]") 
   CHECK_THROWS_MATCHES(linear(in({2, 5}), in({4, 5}), in({5})), Error,
                        ErrorContains("linear: bias [5] should be [4] for weight [4, 5]"));
   CHECK_THROWS_MATCHES(add(in({2, 3}), in({2})), Error,
-                       ErrorContains("add: cannot broadcast b [2] to a [2, 3] (b must have a's shape, be [3]"));
+                       ErrorContains("add: cannot broadcast b [2] to a [2, 3] (b must have a's shape, be a row [3]"));
   CHECK_THROWS_MATCHES(sub(in({2, 3}), in({3, 2})), Error, ErrorContains("sub: cannot broadcast b [3, 2] to a [2, 3]"));
   CHECK_THROWS_MATCHES(mul(in({4}), in({2, 2})), Error, ErrorContains("mul: cannot broadcast b [2, 2] to a [4]"));
   CHECK_THROWS_MATCHES(layer_norm(in({2, 3}), in({2}), in({3})), Error,

@@ -71,6 +71,24 @@ void check_op(Op op, const std::vector<T>& inputs, const std::vector<double>& ex
       [&](Tape<B>& tape, const Vars& in) { return testing::weighted_sum(tape, op(tape, in)); }, inputs, options));
 }
 
+/// Where element `flat` of a shape-`a` tensor finds its partner in a shape-`b` tensor
+/// under NumPy's rule (shapes aligned from the right, extent-1 axes repeat): the reference
+/// the broadcasting ops are checked against.
+std::size_t numpy_partner(const Shape& a, const Shape& b, std::size_t flat) {
+  std::size_t partner = 0, stride = 1;
+  auto rest = static_cast<std::int64_t>(flat);
+  for (std::size_t k = 0; k < a.rank(); ++k) {
+    const std::size_t axis = a.rank() - 1 - k;
+    const std::int64_t coordinate = rest % a[axis];
+    rest /= a[axis];
+    if (k >= b.rank()) continue;
+    const std::int64_t extent = b[b.rank() - 1 - k];
+    partner += static_cast<std::size_t>(extent == 1 ? 0 : coordinate) * stride;
+    stride *= static_cast<std::size_t>(extent);
+  }
+  return partner;
+}
+
 }  // namespace
 
 TEST_CASE("matmul: all four transpose combinations", "[ops][grad][matmul]") {
@@ -113,12 +131,15 @@ TEST_CASE("linear: y = x W^T + b, with and without bias, on a rank-3 x", "[ops][
   CHECK(linear(tape.input(x), tape.input(w)).shape() == Shape{2, 3, out});
 }
 
-TEST_CASE("add, sub, mul: same shape, row broadcast and scalar b", "[ops][grad][elementwise]") {
+TEST_CASE("add, sub, mul: same shape, row, column, one collapsed axis and scalar b", "[ops][grad][elementwise]") {
   struct Case {
     Shape a, b;
   };
   const Case c = GENERATE(Case{Shape{2, 3}, Shape{2, 3}}, Case{Shape{2, 3}, Shape{3}}, Case{Shape{2, 2, 3}, Shape{3}},
-                          Case{Shape{2, 3}, Shape{}}, Case{Shape{2, 3}, Shape{1}}, Case{Shape{4}, Shape{4}});
+                          Case{Shape{2, 3}, Shape{}}, Case{Shape{2, 3}, Shape{1}}, Case{Shape{4}, Shape{4}},
+                          Case{Shape{2, 3}, Shape{2, 1}}, Case{Shape{3, 3}, Shape{3, 1}},
+                          Case{Shape{3, 3}, Shape{1, 3}}, Case{Shape{2, 3, 4}, Shape{2, 1, 4}},
+                          Case{Shape{2, 3, 4}, Shape{1, 3, 4}}, Case{Shape{2, 3, 4}, Shape{2, 3, 1}});
   const int which = GENERATE(0, 1, 2);
   const char* names[] = {"add", "sub", "mul"};
   INFO(names[which] << " a " << c.a << " b " << c.b);
@@ -127,7 +148,7 @@ TEST_CASE("add, sub, mul: same shape, row broadcast and scalar b", "[ops][grad][
   const auto n = static_cast<std::size_t>(c.a.numel()), nb = static_cast<std::size_t>(c.b.numel());
   std::vector<double> expected(n);
   for (std::size_t i = 0; i < n; ++i) {
-    const double bi = nb == n ? bv[i] : nb == 1 ? bv[0] : bv[i % nb];
+    const double bi = nb == 1 ? bv[0] : bv[numpy_partner(c.a, c.b, i)];
     expected[i] = which == 0 ? av[i] + bi : which == 1 ? av[i] - bi : av[i] * bi;
   }
   check_op(
@@ -205,13 +226,15 @@ TEST_CASE("sqrt, rsqrt and pow with integer, fractional, negative and zero expon
   check_op([](Tape<B>&, const Vars& in) { return trainmem::pow(in[0], 3.0); }, {negative}, cubes);
 }
 
-TEST_CASE("div: same shape, row broadcast and scalar b", "[ops][grad][elementwise]") {
-  const Shape b_shape = GENERATE(Shape{2, 3}, Shape{3}, Shape{}, Shape{1});
+TEST_CASE("div: same shape, row, column and scalar b", "[ops][grad][elementwise]") {
+  const Shape b_shape = GENERATE(Shape{2, 3}, Shape{3}, Shape{}, Shape{1}, Shape{2, 1}, Shape{1, 3});
   INFO("b " << b_shape);
-  const T a = f64(Shape{2, 3}, 25), b = f64(b_shape, 26, 0.5, 1.5);
+  const Shape a_shape{2, 3};
+  const T a = f64(a_shape, 25), b = f64(b_shape, 26, 0.5, 1.5);
   const auto av = host(a), bv = host(b);
   std::vector<double> expected(av.size());
-  for (std::size_t i = 0; i < av.size(); ++i) expected[i] = av[i] / bv[bv.size() == av.size() ? i : i % bv.size()];
+  for (std::size_t i = 0; i < av.size(); ++i)
+    expected[i] = av[i] / bv[bv.size() == 1 ? 0 : numpy_partner(a_shape, b_shape, i)];
   check_op([](Tape<B>&, const Vars& in) { return div(in[0], in[1]); }, {a, b}, expected);
   check_op([](Tape<B>&, const Vars& in) { return in[0] / in[1]; }, {a, b}, expected);
 }
@@ -456,6 +479,95 @@ TEST_CASE("sum and mean of all elements", "[ops][grad][reduction]") {
   const V xin = tape.input(x, true);
   tape.backward(mean(xin));
   check_values(host(xin.grad()), std::vector<double>(12, 1.0 / 12));
+}
+
+TEST_CASE("sum and mean over one axis, keepdim or not", "[ops][grad][reduction]") {
+  const Shape shape{2, 3, 4};
+  const int axis = GENERATE(0, 1, 2, -1, -3);
+  const bool keepdim = GENERATE(false, true);
+  INFO("axis " << axis << (keepdim ? " keepdim" : ""));
+  const T x = f64(shape, 41);
+  const auto xv = host(x);
+  const auto at = static_cast<std::size_t>(axis < 0 ? axis + 3 : axis);
+  // Reference: every element adds into the output cell whose coordinate on `at` is 0.
+  std::vector<std::int64_t> out_dims = shape.dims();
+  out_dims[at] = 1;
+  const Shape kept(out_dims);
+  std::vector<double> sums(static_cast<std::size_t>(kept.numel()), 0.0);
+  for (std::size_t i = 0; i < xv.size(); ++i) sums[numpy_partner(shape, kept, i)] += xv[i];
+  std::vector<double> means = sums;
+  for (double& m : means) m /= static_cast<double>(shape[at]);
+  check_op([&](Tape<B>&, const Vars& in) { return sum(in[0], axis, keepdim); }, {x}, sums);
+  check_op([&](Tape<B>&, const Vars& in) { return mean(in[0], axis, keepdim); }, {x}, means);
+  Tape<B> tape;
+  const V y = sum(tape.input(x), axis, keepdim);
+  if (!keepdim) out_dims.erase(out_dims.begin() + static_cast<std::ptrdiff_t>(at));
+  CHECK(y.shape() == Shape(out_dims));
+}
+
+TEST_CASE("an RMSNorm written with axis ops matches the rms_norm op", "[ops][grad][reduction]") {
+  // y = x * rsqrt(mean(x^2, -1, keepdim) + eps) * w: the custom layer issue 17 tried to write.
+  const T x = f64(Shape{3, 5}, 42), w = f64(Shape{5}, 43, 0.5, 1.5), eps = f64_values(Shape{}, {1e-6});
+  auto composed = [&](Tape<B>&, const Vars& in) {
+    return mul(mul(in[0], rsqrt(add(mean(mul(in[0], in[0]), -1, true), in[2]))), in[1]);
+  };
+  Tape<B> tape;
+  const V fused = rms_norm(tape.input(x), tape.input(w), 1e-6);
+  check_op(composed, {x, w, eps}, host(fused.value()), 1e-12);
+}
+
+TEST_CASE("slice and concat along each axis", "[ops][grad][shape]") {
+  const Shape shape{2, 3, 4};
+  const int axis = GENERATE(0, 1, 2, -1);
+  const auto at = static_cast<std::size_t>(axis < 0 ? axis + 3 : axis);
+  INFO("axis " << axis);
+  const T x = f64(shape, 44);
+  const auto xv = host(x);
+  // Reference slices [1, extent) by walking coordinates.
+  const std::int64_t extent = shape[at];
+  std::vector<double> sliced;
+  for (std::size_t i = 0; i < xv.size(); ++i) {
+    std::int64_t rest = static_cast<std::int64_t>(i), coordinate = 0;
+    for (std::size_t k = 3; k-- > at;) {
+      coordinate = rest % shape[k];
+      rest /= shape[k];
+    }
+    if (coordinate >= 1) sliced.push_back(xv[i]);
+  }
+  check_op([&](Tape<B>&, const Vars& in) { return slice(in[0], axis, 1, extent); }, {x}, sliced);
+
+  // concat(a, b) along the axis, against an interleaving by hand: parts of extents 2 and 1.
+  std::vector<std::int64_t> dims_a = shape.dims(), dims_b = shape.dims();
+  dims_a[at] = 2;
+  dims_b[at] = 1;
+  const T a = f64(Shape(dims_a), 45), b = f64(Shape(dims_b), 46);
+  const auto av = host(a), bv = host(b);
+  std::int64_t outer = 1, inner = 1;
+  for (std::size_t k = 0; k < at; ++k) outer *= shape[k];
+  for (std::size_t k = at + 1; k < 3; ++k) inner *= shape[k];
+  std::vector<double> joined;
+  for (std::int64_t o = 0; o < outer; ++o) {
+    for (std::int64_t j = 0; j < 2 * inner; ++j) joined.push_back(av[o * 2 * inner + j]);
+    for (std::int64_t j = 0; j < inner; ++j) joined.push_back(bv[o * inner + j]);
+  }
+  check_op([&](Tape<B>&, const Vars& in) { return concat(in, axis); }, {a, b}, joined);
+  // slice undoes concat
+  check_op([&](Tape<B>&, const Vars& in) { return slice(concat(in, axis), axis, 2, 3); }, {a, b}, bv);
+}
+
+TEST_CASE("axis ops reject bad axes, ranges and shapes with the op's name", "[ops][reduction][shape]") {
+  Tape<B> tape;
+  const V x = tape.input(f64(Shape{2, 3}, 47));
+  CHECK_THROWS_WITH(sum(x, 2), Catch::Contains("sum: axis 2 is out of range for [2, 3]"));
+  CHECK_THROWS_WITH(mean(x, -3, true), Catch::Contains("mean: axis -3 is out of range"));
+  CHECK_THROWS_WITH(sum(tape.input(f64(Shape{}, 1)), 0), Catch::Contains("sum: a scalar has no axis 0"));
+  CHECK_THROWS_WITH(slice(x, 1, 2, 4), Catch::Contains("slice: range [2, 4) is not within axis 1 of [2, 3]"));
+  CHECK_THROWS_WITH(concat<B>({x, tape.input(f64(Shape{3, 3}, 2))}, 1),
+                    Catch::Contains("concat: part 1 [3, 3] does not line up with part 0 [2, 3]"));
+  CHECK_THROWS_WITH(concat<B>({}, 0), Catch::Contains("concat: nothing to join"));
+  CHECK_THROWS_WITH(add(x, tape.input(f64(Shape{1, 1, 3}, 3))), Catch::Contains("add: cannot broadcast b [1, 1, 3]"));
+  CHECK_THROWS_WITH(mul(tape.input(f64(Shape{2, 3, 4}, 4)), tape.input(f64(Shape{2, 1, 1}, 5))),
+                    Catch::Contains("mul: cannot broadcast b [2, 1, 1]"));
 }
 
 // ---------------------------------------------------------------------------------

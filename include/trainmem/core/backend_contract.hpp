@@ -24,6 +24,7 @@
 #include <span>
 
 #include "trainmem/core/attention_sizes.hpp"
+#include "trainmem/core/axis_view.hpp"
 #include "trainmem/core/gemm_args.hpp"
 #include "trainmem/core/loss_scale_rule.hpp"
 #include "trainmem/core/math.hpp"
@@ -46,18 +47,20 @@ concept BackendStorage = requires(B& b, void* dst, const void* src, std::size_t 
   b.download(dst, src, bytes);
   b.copy(dst, src, bytes);
   b.fill_zero(dst, bytes);
+  b.copy_rows(dst, bytes, src, bytes, bytes, bytes);
   b.synchronize();
 };
 
 /// The kernels the ops call, each on tensors of run-time dtype.
 template <class B>
 concept BackendKernels = requires(B& b, const Tensor<B>& t, const GemmArgs& args, double x, float p, bool flag,
-                                  RngState rng, std::int64_t n, const AttentionSizes& attention) {
+                                  RngState rng, std::int64_t n, const AttentionSizes& attention, const AxisView& view) {
   b.gemm(args, t, t, t);
   b.fill(t, x);
   b.map(math::Identity{}, t, t);
   b.map(math::Add{}, t, t, t);
   b.sum_rows(t, t, x);
+  b.sum_axis(t, t, view);
   b.sum_all(t, t);
   b.sum_squares(t, t);
   b.softmax(t, t, flag);

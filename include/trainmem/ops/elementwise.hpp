@@ -1,7 +1,9 @@
-// trainmem/ops/elementwise.hpp — add, sub, mul, div (with row broadcast) and scale.
+// trainmem/ops/elementwise.hpp — add, sub, mul, div (with broadcasting) and scale.
 //
-// The second operand may have the first's shape, be one row of its last extent
-// (a bias), or be a scalar; its gradient is summed back down to its own shape.
+// The second operand may have the first's shape, be one row of its last extent (a
+// bias), have the first's shape with one axis set to 1 (a column [rows, 1], or any
+// keepdim reduction's result), or be a scalar; its gradient is summed back down to its
+// own shape.
 // Binary ops run in the widest input dtype (autocast's "promote" category).
 #pragma once
 
@@ -24,8 +26,10 @@ void check_broadcast(const OpInfo& op, const Var<B>& a, const Var<B>& b) {
   const bool same = a.shape() == b.shape();
   const bool row = b.shape().rank() == 1 && a.shape().rank() >= 1 && b.shape()[0] == a.shape().back();
   const bool scalar = b.numel() == 1;
-  check(same || row || scalar, op.name, ": cannot broadcast b ", b.shape(), " to a ", a.shape(),
-        " (b must have a's shape, be [", a.shape().back(), "], or be a scalar)");
+  const bool collapsed = collapsed_axis(a.shape(), b.shape()).has_value();
+  check(same || row || scalar || collapsed, op.name, ": cannot broadcast b ", b.shape(), " to a ", a.shape(),
+        " (b must have a's shape, be a row [", a.shape().back(),
+        "], have a's shape with one axis set to 1 (a keepdim reduction's result), or be a scalar)");
 }
 
 /// a (+|-) b: sign is +1 or -1.
@@ -51,19 +55,19 @@ Var<B> add_sub(const OpInfo& op, const Var<B>& a, const Var<B>& b, double sign) 
 
 }  // namespace detail
 
-/// a + b; b may be a's shape, a row [a.shape().back()], or a scalar.
+/// a + b; b may be a's shape, a row [a.shape().back()], a's shape with one axis 1, or a scalar.
 template <class B>
 Var<B> add(const Var<B>& a, const Var<B>& b) {
   return detail::add_sub(detail::kAddOp, a, b, 1.0);
 }
 
-/// a - b; b may be a's shape, a row [a.shape().back()], or a scalar.
+/// a - b; b may be a's shape, a row [a.shape().back()], a's shape with one axis 1, or a scalar.
 template <class B>
 Var<B> sub(const Var<B>& a, const Var<B>& b) {
   return detail::add_sub(detail::kSubOp, a, b, -1.0);
 }
 
-/// a * b element-wise; b may be a's shape, a row [a.shape().back()], or a scalar.
+/// a * b element-wise; b may be a's shape, a row [a.shape().back()], a's shape with one axis 1, or a scalar.
 template <class B>
 Var<B> mul(const Var<B>& a, const Var<B>& b) {
   const auto& op = detail::kMulOp;
@@ -85,7 +89,7 @@ Var<B> mul(const Var<B>& a, const Var<B>& b) {
   });
 }
 
-/// a / b element-wise; b may be a's shape, a row [a.shape().back()], or a scalar. Keeps b
+/// a / b element-wise; b may be a's shape, a row [a.shape().back()], a's shape with one axis 1, or a scalar. Keeps b
 /// and, when b needs a gradient, the output: db = -(dy / b) y, summed down to b's shape.
 template <class B>
 Var<B> div(const Var<B>& a, const Var<B>& b) {

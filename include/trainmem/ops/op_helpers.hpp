@@ -5,6 +5,7 @@
 // element-wise kernel into a new tensor, and sum a broadcast gradient back down.
 #pragma once
 
+#include "trainmem/core/axis_view.hpp"
 #include "trainmem/ops/op_recorder.hpp"
 
 namespace trainmem {
@@ -43,13 +44,14 @@ Tensor<B> unary(Op op, const Tensor<B>& a, DType dtype) {
   return out;
 }
 
-/// Sums a gradient of `grad`'s shape down to `target` (same, a row of its last extent, or a scalar).
+/// Sums a gradient of `grad`'s shape down to `target`, a shape that broadcasts to it
+/// (core/axis_view.hpp: a scalar, a row, or grad's shape with one axis collapsed).
 template <class B>
 Tensor<B> reduce_to(const Tensor<B>& grad, const Shape& target) {
   if (grad.shape() == target) return grad;
   Tensor<B> out = new_tensor(grad.backend(), target, grad.dtype());
   if (target.numel() == 1) grad.backend().sum_all(grad, out);
-  else grad.backend().sum_rows(grad, out);
+  else grad.backend().sum_axis(grad, out, *broadcast_view(grad.shape(), target));
   return out;
 }
 

@@ -21,6 +21,7 @@
 #include <functional>
 #include <initializer_list>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "trainmem/amp/autocast.hpp"
@@ -36,7 +37,10 @@ template <class B>
 class OpRecorder {
  public:
   OpRecorder(const OpInfo& op, std::initializer_list<Var<B>> inputs, double flops = 0.0)
-      : op_(op), inputs_(inputs), flops_(flops), cast_(inputs_.size()) {
+      : OpRecorder(op, std::vector<Var<B>>(inputs), flops) {}
+  /// For ops with a run-time number of inputs (concat).
+  OpRecorder(const OpInfo& op, std::vector<Var<B>> inputs, double flops)
+      : op_(op), inputs_(std::move(inputs)), flops_(flops), cast_(inputs_.size()) {
     std::vector<DType> floating;
     for (std::size_t i = 0; i < inputs_.size(); ++i) {
       const VarImpl<B>& v = inputs_[i].impl();

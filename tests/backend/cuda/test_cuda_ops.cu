@@ -88,16 +88,19 @@ InputSpec input(Inputs& random, Shape shape, double low = -1.0, double high = 1.
 
 }  // namespace
 
-TEST_CASE("cuda ops: add, sub and mul with full, row and scalar broadcast", "[cuda][ops]") {
+TEST_CASE("cuda ops: add, sub and mul with full, row, column and scalar broadcast", "[cuda][ops]") {
   TRAINMEM_REQUIRE_CUDA_DEVICE();
   Inputs random;
   INFO("seed " << random.seed());
-  for (Shape b_shape : {Shape{5, 67}, Shape{67}, Shape{1}}) {
+  for (Shape b_shape : {Shape{5, 67}, Shape{67}, Shape{5, 1}, Shape{1}}) {
     const std::vector<InputSpec> in{input(random, Shape{5, 67}), input(random, b_shape)};
     check_op("add " + b_shape.str(), in, [](auto&, auto& v) { return tmem::add(v[0], v[1]); });
     check_op("sub " + b_shape.str(), in, [](auto&, auto& v) { return tmem::sub(v[0], v[1]); });
     check_op("mul " + b_shape.str(), in, [](auto&, auto& v) { return tmem::mul(v[0], v[1]); });
   }
+  // b with the middle axis collapsed: the general [outer, extent, inner] index.
+  const std::vector<InputSpec> middle{input(random, Shape{3, 7, 40}), input(random, Shape{3, 1, 40})};
+  check_op("mul middle axis", middle, [](auto&, auto& v) { return tmem::mul(v[0], v[1]); });
   // A row length that is a multiple of every pack width takes the vectorised path.
   const std::vector<InputSpec> packed{input(random, Shape{33, 64}), input(random, Shape{64})};
   check_op("add packed row", packed, [](auto&, auto& v) { return tmem::add(v[0], v[1]); });
@@ -127,14 +130,36 @@ TEST_CASE("cuda ops: activations", "[cuda][ops]") {
   check_op("cast to bf16", x, [](auto&, auto& v) { return tmem::cast(v[0], DType::BF16); });
 }
 
-TEST_CASE("cuda ops: div with full, row and scalar broadcast", "[cuda][ops]") {
+TEST_CASE("cuda ops: div with full, row, column and scalar broadcast", "[cuda][ops]") {
   TRAINMEM_REQUIRE_CUDA_DEVICE();
   Inputs random;
   INFO("seed " << random.seed());
-  for (Shape b_shape : {Shape{5, 67}, Shape{67}, Shape{1}}) {
+  for (Shape b_shape : {Shape{5, 67}, Shape{67}, Shape{5, 1}, Shape{1}}) {
     const std::vector<InputSpec> in{input(random, Shape{5, 67}), input(random, b_shape, 0.5, 2.0)};
     check_op("div " + b_shape.str(), in, [](auto&, auto& v) { return tmem::div(v[0], v[1]); });
   }
+}
+
+TEST_CASE("cuda ops: sum and mean over each axis, keepdim or not", "[cuda][ops]") {
+  TRAINMEM_REQUIRE_CUDA_DEVICE();
+  Inputs random;
+  INFO("seed " << random.seed());
+  // The last axis is a row reduction (one block per row, a long row included); the others
+  // are column sums over an [extent, outer * inner] view.
+  for (Shape shape : {Shape{4, 6, 33}, Shape{3, 2000}}) {
+    const std::vector<InputSpec> x{input(random, shape)};
+    for (int axis = 0; axis < static_cast<int>(shape.rank()); ++axis)
+      for (bool keepdim : {false, true}) {
+        const std::string what = shape.str() + " axis " + std::to_string(axis) + (keepdim ? " keepdim" : "");
+        check_op("sum " + what, x, [=](auto&, auto& v) { return tmem::sum(v[0], axis, keepdim); });
+        check_op("mean " + what, x, [=](auto&, auto& v) { return tmem::mean(v[0], axis, keepdim); });
+      }
+  }
+  // RMSNorm composed from the ops a custom layer uses: x * rsqrt(mean(x^2, -1, keepdim) + eps).
+  const InputSpec eps{Shape{}, {1e-6}, false};
+  check_op("composed rms norm", {input(random, Shape{5, 96}), eps}, [](auto&, auto& v) {
+    return tmem::mul(v[0], tmem::rsqrt(tmem::add(tmem::mean(tmem::mul(v[0], v[0]), -1, true), v[1])));
+  });
 }
 
 TEST_CASE("cuda ops: matmul, bmm and linear, all transposes", "[cuda][ops][gemm]") {

@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstring>
+#include <optional>
 #include <span>
 
 #include "trainmem/backend/cpu/allocator.hpp"
@@ -66,6 +67,14 @@ class Backend : public FusedUpdate<Backend> {
   }
   void fill_zero(void* dst, std::size_t bytes) {
     if (bytes != 0) std::memset(dst, 0, bytes);
+  }
+  /// `rows` runs of `width` bytes, run r from src + r src_pitch to dst + r dst_pitch (regions do not overlap).
+  void copy_rows(void* dst, std::size_t dst_pitch, const void* src, std::size_t src_pitch, std::size_t width,
+                 std::size_t rows) {
+    if (width == 0) return;
+    auto* d = static_cast<std::byte*>(dst);
+    const auto* s = static_cast<const std::byte*>(src);
+    for (std::size_t r = 0; r < rows; ++r) std::memcpy(d + r * dst_pitch, s + r * src_pitch, width);
   }
   /// Work queued so far is finished (nothing to wait for on the CPU).
   void synchronize() {}
@@ -127,14 +136,15 @@ class Backend : public FusedUpdate<Backend> {
     });
   }
 
-  /// out = op(a, b); b has a's shape, is one row of a's last extent, or a scalar.
+  /// out = op(a, b); b lines up with a as broadcast_view says (core/axis_view.hpp).
   template <class Op>
   void map(Op op, const TensorT& a, const TensorT& b, const TensorT& out) {
+    const std::optional<AxisView> view = broadcast_view(a.shape(), b.shape());
+    detail::expects(view.has_value(), "map: b ", b.shape(), " does not broadcast to a ", a.shape());
     visit_floating(a.dtype(), "map", [&]<class TA>() {
       visit_floating(b.dtype(), "map", [&]<class TB>() {
         visit_floating(out.dtype(), "map", [&]<class TO>() {
-          kernels::map_binary(op, a.data_as<const TA>(), b.data_as<const TB>(), out.data_as<TO>(), a.rows(), a.cols(),
-                              b.numel());
+          kernels::map_binary(op, a.data_as<const TA>(), b.data_as<const TB>(), out.data_as<TO>(), *view);
         });
       });
     });
@@ -148,6 +158,14 @@ class Backend : public FusedUpdate<Backend> {
       visit_floating(out.dtype(), "sum_rows", [&]<class TO>() {
         kernels::sum_rows(in.data_as<const TI>(), out.data_as<TO>(), in.numel() / cols, cols, beta);
       });
+    });
+  }
+
+  /// out[o, i] = sum over e of in[o, e, i], for in seen as `view`.
+  void sum_axis(const TensorT& in, const TensorT& out, const AxisView& view) {
+    visit_floating(in.dtype(), "sum_axis", [&]<class TI>() {
+      visit_floating(out.dtype(), "sum_axis",
+                     [&]<class TO>() { kernels::sum_axis(in.data_as<const TI>(), out.data_as<TO>(), view); });
     });
   }
 

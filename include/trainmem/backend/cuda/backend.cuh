@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -140,6 +141,15 @@ class Backend : public FusedUpdate<Backend> {
     runtime::make_current(device_);
     TRAINMEM_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, stream()));
   }
+  /// `rows` runs of `width` bytes, run r from src + r src_pitch to dst + r dst_pitch (regions
+  /// do not overlap): one cudaMemcpy2DAsync on the stream.
+  void copy_rows(void* dst, std::size_t dst_pitch, const void* src, std::size_t src_pitch, std::size_t width,
+                 std::size_t rows) {
+    if (width == 0 || rows == 0) return;
+    runtime::make_current(device_);
+    TRAINMEM_CUDA_CHECK(
+        cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, rows, cudaMemcpyDeviceToDevice, stream()));
+  }
   /// Work queued so far (kernels and offload copies) is finished; raises any error it hit,
   /// and any index a kernel found out of range (NOTE [Checks without a host wait]).
   void synchronize() {
@@ -179,11 +189,12 @@ class Backend : public FusedUpdate<Backend> {
   void map(Op op, const TensorT& in, const TensorT& out) {
     kernels::map_unary(context(), op, in.dtype(), in.data(), out.dtype(), out.data(), in.numel());
   }
-  /// out = op(a, b); b has a's shape, is one row of a's last extent, or a scalar.
+  /// out = op(a, b); b lines up with a as broadcast_view says (core/axis_view.hpp).
   template <class Op>
   void map(Op op, const TensorT& a, const TensorT& b, const TensorT& out) {
-    kernels::map_binary(context(), op, a.dtype(), a.data(), b.dtype(), b.data(), out.dtype(), out.data(), a.rows(),
-                        a.cols(), b.numel());
+    const std::optional<AxisView> view = broadcast_view(a.shape(), b.shape());
+    detail::expects(view.has_value(), "map: b ", b.shape(), " does not broadcast to a ", a.shape());
+    kernels::map_binary(context(), op, a.dtype(), a.data(), b.dtype(), b.data(), out.dtype(), out.data(), *view);
   }
 
   /// out[c] = beta out[c] + sum over rows of in[r, c] (in viewed as [rows, out.numel()]).
@@ -193,6 +204,14 @@ class Backend : public FusedUpdate<Backend> {
       visit_floating(out.dtype(), "sum_rows", [&]<class TO>() {
         kernels::sum_rows(context(), in.data_as<const TI>(), out.data_as<TO>(), cols == 0 ? 0 : in.numel() / cols, cols,
                           beta);
+      });
+    });
+  }
+  /// out[o, i] = sum over e of in[o, e, i], for in seen as `view`.
+  void sum_axis(const TensorT& in, const TensorT& out, const AxisView& view) {
+    visit_floating(in.dtype(), "sum_axis", [&]<class TI>() {
+      visit_floating(out.dtype(), "sum_axis", [&]<class TO>() {
+        kernels::sum_axis(context(), in.data_as<const TI>(), out.data_as<TO>(), view);
       });
     });
   }

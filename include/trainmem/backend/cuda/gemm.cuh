@@ -218,7 +218,7 @@ class GemmEngine {
     const AddBiasMaybeGelu op{epilogue == GemmEpilogue::BiasGelu};
     for (std::int64_t p = 0; p < g.batch; ++p) {
       void* cp = static_cast<std::byte*>(c) + p * g.stride_c * size_of(c_dtype);
-      map_binary(ctx_, op, c_dtype, cp, bias_dtype, bias, c_dtype, cp, g.m, g.n, g.n);
+      map_binary(ctx_, op, c_dtype, cp, bias_dtype, bias, c_dtype, cp, AxisView{1, g.m, g.n});
     }
   }
 

@@ -171,6 +171,28 @@ void reduce_columns(const KernelContext& ctx, std::int64_t rows, std::int64_t co
   TRAINMEM_CUDA_CHECK_LAUNCH("reduce_columns_finish_kernel");
 }
 
+// --- sums along rows, one per row ---------------------------------------------------------
+namespace device {
+template <class Acc, class ValueAt, class Finish>
+__global__ void reduce_rows_kernel(ValueAt value, std::int64_t rows, std::int64_t cols, Finish finish) {
+  for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {  // the same trip count for every thread of a block
+    Acc acc = Acc(0);
+    for (std::int64_t c = threadIdx.x; c < cols; c += blockDim.x) acc += value(r, c);
+    acc = block_all_reduce(acc, SumOp{}, Acc(0));
+    if (threadIdx.x == 0) finish(r, acc);
+  }
+}
+}  // namespace device
+
+/// finish(r, sum over c < cols of value(r, c)) for every r < rows, summed in Acc: one block per row.
+template <class Acc, class ValueAt, class Finish>
+void reduce_rows(const KernelContext& ctx, std::int64_t rows, std::int64_t cols, ValueAt value, Finish finish) {
+  if (rows == 0) return;
+  device::reduce_rows_kernel<Acc>
+      <<<row_blocks(rows), row_block_threads(cols), 0, ctx.stream>>>(value, rows, cols, finish);
+  TRAINMEM_CUDA_CHECK_LAUNCH("reduce_rows_kernel");
+}
+
 namespace device {
 // --- common summands and finishes ---------------------------------------------------------
 /// in[i] widened (a flat sum) or in[r * cols + c] widened (a column sum).

@@ -1,4 +1,5 @@
-// trainmem/backend/cpu/kernels/reduction.hpp — column sums, the sum of all elements, the sum of squares.
+// trainmem/backend/cpu/kernels/reduction.hpp — column sums, sums over one axis, the sum of all elements, the sum of
+// squares.
 //
 // Each sum runs in the accumulator type, in a fixed order per thread count: column
 // sums walk the rows in order, full sums are OpenMP reductions.
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include "trainmem/backend/cpu/kernels/parallel.hpp"
+#include "trainmem/core/axis_view.hpp"
 #include "trainmem/core/dtype.hpp"
 
 namespace trainmem::cpu::kernels {
@@ -23,6 +25,32 @@ void sum_rows(const TIn* in, TOut* out, std::int64_t rows, std::int64_t cols, do
     const Acc prior = beta == 0.0 ? Acc(0) : static_cast<Acc>(beta) * static_cast<Acc>(detail::widen(out[c]));
     out[c] = detail::narrow<TOut>(prior + acc[c]);
   }
+}
+
+/// out[o, i] = sum_e in[o, e, i] for in seen as `view`; e runs in order, so the result
+/// does not depend on the thread count.
+template <class TIn, class TOut>
+void sum_axis(const TIn* in, TOut* out, const AxisView& view) {
+  using Acc = AccumulatorFor<TIn, TOut>;
+  const std::int64_t extent = view.extent, inner = view.inner;
+  const bool split = view.numel() > kParallelGrain;
+  if (inner == 1) {  // one contiguous run per output (a row sum)
+    parallel_for(view.outer, split, [&](std::int64_t o) {
+      const TIn* run = in + o * extent;
+      Acc acc = Acc(0);
+      for (std::int64_t e = 0; e < extent; ++e) acc += static_cast<Acc>(detail::widen(run[e]));
+      out[o] = detail::narrow<TOut>(acc);
+    });
+    return;
+  }
+  parallel_for(view.outer, split && view.outer > 1, [&](std::int64_t o) {
+    std::vector<Acc> acc(static_cast<std::size_t>(inner), Acc(0));
+    for (std::int64_t e = 0; e < extent; ++e) {
+      const TIn* row = in + (o * extent + e) * inner;
+      for (std::int64_t i = 0; i < inner; ++i) acc[i] += static_cast<Acc>(detail::widen(row[i]));
+    }
+    for (std::int64_t i = 0; i < inner; ++i) out[o * inner + i] = detail::narrow<TOut>(acc[i]);
+  });
 }
 
 template <class TIn, class TOut>

@@ -12,6 +12,7 @@
 
 #include "trainmem/backend/cuda/element_io.cuh"
 #include "trainmem/backend/cuda/launch.cuh"
+#include "trainmem/core/axis_view.hpp"
 #include "trainmem/core/math.hpp"
 
 namespace trainmem::cuda::kernels {
@@ -22,8 +23,31 @@ inline bool any_f64(std::initializer_list<DType> dtypes) {
   return false;
 }
 
-/// How b of a binary map lines up with a: same shape, one row of a's last extent, or a scalar.
-enum class Broadcast : int { Full, Row, Scalar };
+/// How b of a binary map lines up with a (an AxisView of a, core/axis_view.hpp): same
+/// shape, a scalar, rows of a bias (outer 1), or the general [outer, extent, inner] case.
+enum class Broadcast : int { Full, Row, Scalar, Axis };
+
+/// Where element i of a finds its b: b is [outer, inner] against a's [outer, extent, inner].
+struct BroadcastIndex {
+  Broadcast mode;
+  std::int64_t extent, inner;
+  __host__ __device__ std::int64_t operator()(std::int64_t i) const {
+    switch (mode) {
+      case Broadcast::Full: return i;
+      case Broadcast::Scalar: return 0;
+      case Broadcast::Row: return i % inner;
+      default: return (i / (extent * inner)) * inner + i % inner;
+    }
+  }
+};
+
+inline BroadcastIndex broadcast_index(const AxisView& view) {
+  const Broadcast mode = view.extent == 1                     ? Broadcast::Full
+                         : view.outer == 1 && view.inner == 1 ? Broadcast::Scalar
+                         : view.outer == 1                    ? Broadcast::Row
+                                                              : Broadcast::Axis;
+  return {mode, view.extent, view.inner};
+}
 
 namespace device {
 template <class T>
@@ -61,12 +85,12 @@ __global__ void map_unary_any_kernel(Op op, const void* in, DType in_dtype, void
 }
 
 template <class Op, class T>
-__global__ void map_binary_kernel(Op op, const T* a, const T* b, T* out, std::int64_t n, std::int64_t cols,
-                                  Broadcast mode, bool packed) {
+__global__ void map_binary_kernel(Op op, const T* a, const T* b, T* out, std::int64_t n, BroadcastIndex index,
+                                  bool packed) {
   using Acc = AccumulatorOf<T>;
   constexpr int kPack = pack_width<T>();
   std::int64_t scalar_from = 0;
-  if (packed) {  // the launcher guarantees alignment, and cols % kPack == 0 for Row
+  if (packed) {  // the launcher guarantees alignment, no Axis mode, and inner % kPack == 0 for Row
     using P = Pack<T, kPack>;
     const std::int64_t packs = n / kPack;
     const auto* a_packs = reinterpret_cast<const P*>(a);
@@ -75,10 +99,10 @@ __global__ void map_binary_kernel(Op op, const T* a, const T* b, T* out, std::in
     for (std::int64_t p = global_thread(); p < packs; p += grid_stride()) {
       const P x = a_packs[p];
       P y;
-      if (mode == Broadcast::Full) {
+      if (index.mode == Broadcast::Full) {
         y = b_packs[p];
-      } else if (mode == Broadcast::Row) {
-        y = b_packs[(p * kPack % cols) / kPack];
+      } else if (index.mode == Broadcast::Row) {
+        y = b_packs[(p * kPack % index.inner) / kPack];
       } else {
 #pragma unroll
         for (int j = 0; j < kPack; ++j) y.v[j] = b[0];
@@ -91,19 +115,15 @@ __global__ void map_binary_kernel(Op op, const T* a, const T* b, T* out, std::in
     }
     scalar_from = packs * kPack;
   }
-  for (std::int64_t i = scalar_from + global_thread(); i < n; i += grid_stride()) {
-    const std::int64_t bi = mode == Broadcast::Full ? i : mode == Broadcast::Row ? i % cols : 0;
-    out[i] = narrow<T>(op(load<Acc>(a, i), load<Acc>(b, bi)));
-  }
+  for (std::int64_t i = scalar_from + global_thread(); i < n; i += grid_stride())
+    out[i] = narrow<T>(op(load<Acc>(a, i), load<Acc>(b, index(i))));
 }
 
 template <class Op, class Acc>
 __global__ void map_binary_any_kernel(Op op, const void* a, DType a_dtype, const void* b, DType b_dtype, void* out,
-                                      DType out_dtype, std::int64_t n, std::int64_t cols, Broadcast mode) {
-  for (std::int64_t i = global_thread(); i < n; i += grid_stride()) {
-    const std::int64_t bi = mode == Broadcast::Full ? i : mode == Broadcast::Row ? i % cols : 0;
-    store_as<Acc>(out, out_dtype, i, op(load_as<Acc>(a, a_dtype, i), load_as<Acc>(b, b_dtype, bi)));
-  }
+                                      DType out_dtype, std::int64_t n, BroadcastIndex index) {
+  for (std::int64_t i = global_thread(); i < n; i += grid_stride())
+    store_as<Acc>(out, out_dtype, i, op(load_as<Acc>(a, a_dtype, i), load_as<Acc>(b, b_dtype, index(i))));
 }
 }  // namespace device
 
@@ -146,31 +166,32 @@ void map_unary(const KernelContext& ctx, Op op, DType in_dtype, const void* in, 
   TRAINMEM_CUDA_CHECK_LAUNCH("map_unary_any_kernel");
 }
 
-/// out = op(a, b) for a viewed as [rows, cols]; b has a's shape, is a row of cols, or a scalar.
+/// out = op(a, b) for a seen as `view` and b as its reduced partner [outer, inner].
 template <class Op>
 void map_binary(const KernelContext& ctx, Op op, DType a_dtype, const void* a, DType b_dtype, const void* b,
-                DType out_dtype, void* out, std::int64_t rows, std::int64_t cols, std::int64_t b_numel) {
-  const std::int64_t n = rows * cols;
+                DType out_dtype, void* out, const AxisView& view) {
+  const std::int64_t n = view.numel();
   if (n == 0) return;
-  const Broadcast mode = b_numel == n ? Broadcast::Full : b_numel == 1 ? Broadcast::Scalar : Broadcast::Row;
+  const BroadcastIndex index = broadcast_index(view);
+  const Broadcast mode = index.mode;
   if (a_dtype == b_dtype && a_dtype == out_dtype) {
     visit_floating(a_dtype, "map", [&]<class T>() {
       constexpr int kPack = pack_width<T>();
-      const bool packed = pack_aligned<T, kPack>(a) && pack_aligned<T, kPack>(out) &&
+      const bool packed = mode != Broadcast::Axis && pack_aligned<T, kPack>(a) && pack_aligned<T, kPack>(out) &&
                           (mode == Broadcast::Scalar || pack_aligned<T, kPack>(b)) &&
-                          (mode != Broadcast::Row || cols % kPack == 0);
+                          (mode != Broadcast::Row || view.inner % kPack == 0);
       device::map_binary_kernel<<<blocks_for(ctx, n, kPack), kThreads, 0, ctx.stream>>>(
-          op, static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(out), n, cols, mode, packed);
+          op, static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(out), n, index, packed);
       TRAINMEM_CUDA_CHECK_LAUNCH("map_binary_kernel");
     });
     return;
   }
   if (any_f64({a_dtype, b_dtype, out_dtype}))
     device::map_binary_any_kernel<Op, double>
-        <<<blocks_for(ctx, n), kThreads, 0, ctx.stream>>>(op, a, a_dtype, b, b_dtype, out, out_dtype, n, cols, mode);
+        <<<blocks_for(ctx, n), kThreads, 0, ctx.stream>>>(op, a, a_dtype, b, b_dtype, out, out_dtype, n, index);
   else
     device::map_binary_any_kernel<Op, float>
-        <<<blocks_for(ctx, n), kThreads, 0, ctx.stream>>>(op, a, a_dtype, b, b_dtype, out, out_dtype, n, cols, mode);
+        <<<blocks_for(ctx, n), kThreads, 0, ctx.stream>>>(op, a, a_dtype, b, b_dtype, out, out_dtype, n, index);
   TRAINMEM_CUDA_CHECK_LAUNCH("map_binary_any_kernel");
 }
 

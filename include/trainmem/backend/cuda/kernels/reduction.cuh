@@ -1,4 +1,5 @@
-// trainmem/backend/cuda/kernels/reduction.cuh — column sums, the sum of all elements, the sum of squares.
+// trainmem/backend/cuda/kernels/reduction.cuh — column sums, sums over one axis, the sum of all elements, the sum of
+// squares.
 //
 // The mirror of backend/cpu/kernels/reduction.hpp on the deterministic two-stage
 // reductions of reduce.cuh: the summands and the final rounding are the CPU loop's,
@@ -10,6 +11,7 @@
 #include "trainmem/backend/cuda/element_io.cuh"
 #include "trainmem/backend/cuda/launch.cuh"
 #include "trainmem/backend/cuda/reduce.cuh"
+#include "trainmem/core/axis_view.hpp"
 
 namespace trainmem::cuda::kernels {
 
@@ -37,6 +39,39 @@ void sum_rows(const KernelContext& ctx, const TIn* in, TOut* out, std::int64_t r
   using Acc = AccumulatorFor<TIn, TOut>;
   reduce_columns<Acc>(ctx, rows, cols, device::WidenedElement<Acc, TIn>{in, cols},
                       device::StoreColumnSum<Acc, TOut>{out, beta});
+}
+
+namespace device {
+template <class Acc, class TOut>
+struct StoreSum {  // out[j] = sum
+  TOut* out;
+  __device__ void operator()(std::int64_t j, Acc sum) const { out[j] = narrow<TOut>(sum); }
+};
+
+/// Element (e, o * inner + i) of in seen as [outer, extent, inner]: the column sums over e
+/// of this [extent, outer * inner] view are the sums over the axis.
+template <class Acc, class T>
+struct AxisElement {
+  const T* in;
+  std::int64_t extent, inner;
+  __device__ Acc operator()(std::int64_t e, std::int64_t c) const {
+    const std::int64_t o = c / inner, i = c % inner;
+    return load<Acc>(in, (o * extent + e) * inner + i);
+  }
+};
+}  // namespace device
+
+/// out[o, i] = sum_e in[o, e, i] for in seen as `view`: a row reduction when the axis is
+/// the last (inner 1), column sums otherwise.
+template <class TIn, class TOut>
+void sum_axis(const KernelContext& ctx, const TIn* in, TOut* out, const AxisView& view) {
+  using Acc = AccumulatorFor<TIn, TOut>;
+  if (view.inner == 1)
+    reduce_rows<Acc>(ctx, view.outer, view.extent, device::WidenedElement<Acc, TIn>{in, view.extent},
+                     device::StoreSum<Acc, TOut>{out});
+  else
+    reduce_columns<Acc>(ctx, view.extent, view.outer * view.inner,
+                        device::AxisElement<Acc, TIn>{in, view.extent, view.inner}, device::StoreSum<Acc, TOut>{out});
 }
 
 template <class TIn, class TOut>
