@@ -79,6 +79,8 @@ using Schedule = std::function<Var(tmem::Tape<B>&, const std::vector<tmem::Layer
 std::vector<std::pair<std::string, Schedule>> schedules(const Config& c) {
   tmem::CheckpointOptions selective;
   selective.policy = tmem::policy::save_matmuls();
+  tmem::CheckpointOptions metadata_only;
+  metadata_only.determinism = tmem::DeterminismCheck::Metadata;
   auto each = [](tmem::CheckpointOptions options) {
     return [options](tmem::Tape<B>& tape, const std::vector<tmem::Layer<B>>& layers, const Var& x) {
       Var h = x;
@@ -103,6 +105,9 @@ std::vector<std::pair<std::string, Schedule>> schedules(const Config& c) {
          return tmem::checkpoint_sequential(tape, layers, std::max<std::int64_t>(1, n / every), x);
        }},
       {"selective", each(selective)},
+      // every_block without the default value check (DeterminismCheck::Metadata): the
+      // ratio of the two is what the fingerprint check costs.
+      {"every_block_metadata", each(metadata_only)},
   };
 }
 
@@ -158,8 +163,8 @@ std::string svg_chart(const nlohmann::json& rows, const std::vector<int>& sizes)
     const double lx = x0 + 0.36 * w;
     double ly = y0 - h + 6;
     for (const auto& r : rows) {
-      if (r["n"] != sizes[p]) continue;
       const std::string name = r["schedule"];
+      if (r["n"] != sizes[p] || name == "every_block_metadata") continue;  // every_block's twin, for the check's cost
       const auto color = colors.count(name) ? colors.at(name) : std::string("#9467bd");
       const double time = r["time_ratio_vs_none"].get<double>(), saved = r["saved_ratio_vs_none"].get<double>();
       svg << "<circle cx='" << sx(time) << "' cy='" << sy(saved) << "' r='5' fill='" << color
@@ -196,7 +201,7 @@ int main(int argc, char** argv) {
   std::printf("%6s  %-12s %16s %16s %10s %10s %10s\n", "N", "schedule", "peak saved B", "peak total B", "step ms",
               "saved/none", "time/none");
 
-  nlohmann::json rows = nlohmann::json::array();
+  nlohmann::json rows = nlohmann::json::array(), check_costs = nlohmann::json::array();
   std::map<int, std::int64_t> sqrt_peak, none_peak;
   std::map<int, std::int64_t> none_block_bytes;
   for (int n : c.sizes) {
@@ -229,6 +234,13 @@ int main(int argc, char** argv) {
       if (scheds[s].first == "sqrt_n") sqrt_peak[n] = m[s].peak_saved();
     }
     none_peak[n] = m[0].peak_saved();
+    // The default check's cost: every_block (fingerprints) over every_block_metadata, per
+    // rep (the two ran back to back), median.
+    std::vector<double> check_ratio;
+    for (int r = 0; r < c.reps; ++r) check_ratio.push_back(m[1].step_ms[r] / m.back().step_ms[r]);
+    const double cost = benchmarks::median(check_ratio);
+    std::printf("%6d  value check (fingerprint) cost: every_block / every_block_metadata = %.4f\n", n, cost);
+    check_costs.push_back({{"n", n}, {"every_block_over_metadata", cost}, {"per_rep", check_ratio}});
   }
 
   // sqrt(N) against the (k + N/k) A model, A = one block's saved bytes in the plain run.
@@ -279,6 +291,7 @@ int main(int argc, char** argv) {
                         {"batch", c.batch},
                         {"reps", c.reps},
                         {"results", rows},
+                        {"fingerprint_check_cost", check_costs},
                         {"sqrt_model", model},
                         {"sqrt_loglog_slope", slope}};
   std::ofstream(c.json_path) << out.dump(2) << "\n";

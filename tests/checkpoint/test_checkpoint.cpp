@@ -1,8 +1,9 @@
 // Checkpoint regions: recompute reproduces the forward bit for bit, saves what the
 // closed form says, and fails loudly when it cannot reproduce it.
 #include <catch2/catch.hpp>
-
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <functional>
 #include <vector>
 
@@ -331,8 +332,8 @@ TEST_CASE("a recompute that differs from its forward throws CheckpointError nami
     auto loss = sum(checkpoint(tape, fickle, x));
     REQUIRE_THROWS_AS(tape.backward(loss), CheckpointError);
   }
-  SECTION("different values: caught by the checksum and bitwise checks, not by metadata") {
-    for (auto mode : {DeterminismCheck::Checksum, DeterminismCheck::Bitwise}) {
+  SECTION("different values: caught by the fingerprint (default), checksum and bitwise checks, not by metadata") {
+    for (auto mode : {DeterminismCheck::Fingerprint, DeterminismCheck::Checksum, DeterminismCheck::Bitwise}) {
       int calls = 0;
       auto fickle = [&](const Var<B>& x) { return relu(layer(scale(x, ++calls == 1 ? 1.0 : 1.5))); };
       Tape<B> tape;
@@ -350,9 +351,69 @@ TEST_CASE("a recompute that differs from its forward throws CheckpointError nami
     auto fickle = [&](const Var<B>& x) { return relu(layer(scale(x, ++calls == 1 ? 1.0 : 1.5))); };
     Tape<B> tape;
     auto x = tape.input(T::from_host({4, 8}, wave(32, 0.1)), true);
-    auto loss = sum(checkpoint(tape, fickle, x));
+    CheckpointOptions metadata_only;
+    metadata_only.determinism = DeterminismCheck::Metadata;
+    auto loss = sum(checkpoint(tape, metadata_only, fickle, x));
     CHECK_NOTHROW(tape.backward(loss));  // metadata alone cannot see a value change
   }
+}
+
+TEST_CASE("the default check catches a region that captures the current block by reference", "[checkpoint][errors]") {
+  // NOTE [Capture by value]: every region's fn reads `current` when it recomputes, and by
+  // then it points at the last block. Same shapes everywhere, so only values can tell.
+  nn::Init init(3);
+  std::vector<nn::Linear<B>> blocks;
+  for (int i = 0; i < 3; ++i) blocks.emplace_back(8, 8, init);
+  const auto run = [&](bool by_value) {
+    Tape<B> tape;
+    auto h = tape.input(T::from_host({4, 8}, wave(32, 0.1)), true);
+    nn::Linear<B>* current = nullptr;
+    for (auto& block : blocks) {
+      current = &block;
+      if (by_value)
+        h = checkpoint(
+            tape, [layer = current](const Var<B>& x) { return relu((*layer)(x)); }, h);
+      else
+        h = checkpoint(
+            tape, [&](const Var<B>& x) { return relu((*current)(x)); }, h);
+    }
+    tape.backward(sum(h));
+  };
+  try {
+    run(false);
+    FAIL("no error");
+  } catch (const CheckpointError& e) {
+    WARN("message: " << e.what());
+    CHECK_THAT(e.what(), Catch::Contains("values of saved tensor") && Catch::Contains("fingerprint") &&
+                             Catch::Contains("captures by reference"));
+  }
+  CHECK_NOTHROW(run(true));
+}
+
+TEST_CASE("a fingerprint is order-free integer arithmetic over the bytes: a closed form", "[checkpoint][errors]") {
+  // 12 bytes: word 0 is bytes 0..7, word 1 is bytes 8..11 zero-padded, each mixed with its index.
+  B& be = B::default_instance();
+  const std::vector<double> values = {1.0, -2.0, 0.5};  // f32: 3f80 0000, c000 0000, 3f00 0000
+  const T t = T::from_host({3}, values, DType::F32);
+  const std::uint64_t word0 = 0xC00000003F800000ull, word1 = 0x3F000000ull;
+  const std::uint64_t expected = detail::fingerprint_term(word0, 0) + detail::fingerprint_term(word1, 1);
+  CHECK(be.fingerprint(t) == expected);
+  // splitmix64's finaliser of 0 ^ 0 is 0, and of golden ^ golden too: the mix itself is pinned.
+  CHECK(detail::fingerprint_term(0, 0) == 0);
+  CHECK(detail::fingerprint_term(0x9E3779B97F4A7C15ull, 1) == 0);
+  CHECK(detail::fingerprint_term(1, 0) == 0x5692161D100B05E5ull);
+  // Swapping two words changes it; a large tensor (split over threads) gives a serial loop's bits.
+  const T swapped = T::from_host({3}, std::vector<double>{-2.0, 1.0, 0.5}, DType::F32);
+  CHECK(be.fingerprint(swapped) != be.fingerprint(t));
+  const std::vector<float> wide = wave(1 << 19, 0.01);
+  const T big = T::from_host({1 << 19}, wide, DType::F32);
+  std::uint64_t serial = 0;
+  for (std::size_t j = 0; j < wide.size() / 2; ++j) {
+    std::uint64_t word = 0;
+    std::memcpy(&word, wide.data() + 2 * j, 8);
+    serial += detail::fingerprint_term(word, j);
+  }
+  CHECK(be.fingerprint(big) == serial);
 }
 
 TEST_CASE("without early stop, a recompute that saves more or fewer tensors is caught", "[checkpoint][errors]") {

@@ -4,9 +4,18 @@
 // both ends of that promise: the state the forward started from (the ReplayState a
 // recompute restores: RNG, autocast, cast-cache generation), and what each save of the
 // forward looked like. The k-th save of the recompute is checked against the k-th
-// record: op, shape and dtype always, the values too on request (a checksum, or the
-// bytes themselves). A mismatch is a CheckpointError naming both saves, never a
-// gradient computed from the wrong tensor.
+// record: op, shape and dtype always; by default also the values, through a backend
+// fingerprint (core/fingerprint.hpp: one integer reduction per dropped tensor in the
+// forward and one at the region's first recompute, no copy of the tensor); on request a
+// host checksum or the bytes themselves at every recompute. A mismatch is a
+// CheckpointError naming both saves, never a gradient computed from the wrong tensor.
+//
+// NOTE [Capture by value]
+// A region's fn runs again at backward time with whatever it captured. A lambda that
+// captures by reference a variable the caller changes after the forward (a loop variable,
+// a pointer to "the current block") recomputes something else: the same shapes, other
+// values. Metadata cannot see that; the default fingerprint does, and its message names
+// the likely cause.
 #pragma once
 
 #include <cstdint>
@@ -21,9 +30,10 @@ namespace trainmem {
 
 /// How much of a recompute is compared with its forward.
 enum class DeterminismCheck : std::uint8_t {
-  Metadata,  // count, op, shape and dtype of every saved tensor (always on)
-  Checksum,  // ... and a 64-bit FNV-1a hash of every recomputed tensor's bytes
-  Bitwise,   // ... and the bytes themselves (keeps a host copy: a debugging aid)
+  Metadata,     // count, op, shape and dtype of every saved tensor (always on)
+  Fingerprint,  // ... and, at a region's first recompute, a backend fingerprint of each recomputed tensor (default)
+  Checksum,     // ... and at every recompute a 64-bit FNV-1a hash of the bytes, copied to the host
+  Bitwise,      // ... and the bytes themselves (keeps a host copy: a debugging aid)
 };
 
 namespace detail {
@@ -57,6 +67,7 @@ class DeterminismRecord {
   /// (kept directly, so the recompute only has to match its metadata).
   void record(const Tensor<B>& tensor, std::string_view op, std::int64_t slot) {
     Save save{slot, tensor.shape(), tensor.dtype(), op, 0, {}};
+    if (slot >= 0 && level_ == DeterminismCheck::Fingerprint) save.checksum = tensor.backend().fingerprint(tensor);
     if (slot >= 0 && level_ == DeterminismCheck::Checksum) save.checksum = fnv1a(host_bytes(tensor));
     if (slot >= 0 && level_ == DeterminismCheck::Bitwise) save.bytes = host_bytes(tensor);
     saves_.push_back(std::move(save));
@@ -72,6 +83,13 @@ class DeterminismRecord {
                                    " ", r.shape, " from op '", r.op, "' in forward, but ", tensor.dtype(), " ",
                                    tensor.shape(), " from op '", op, "' in recompute");
     if (r.slot < 0) return r.slot;
+    if (level_ == DeterminismCheck::Fingerprint && !values_verified_)
+      detail::check<CheckpointError>(
+          tensor.backend().fingerprint(tensor) == r.checksum,
+          "checkpoint: recompute is not deterministic: values of saved tensor #", k, " (op '", r.op, "', ", r.shape,
+          ") differ from the forward (fingerprint). The region's function recomputed something else with the same "
+          "shapes: most often a lambda that captures by reference ([&]) a variable changed after the forward (a loop "
+          "variable, the current layer); capture it by value instead ([=], or [&layer = blocks[i]])");
     if (level_ == DeterminismCheck::Checksum)
       detail::check<CheckpointError>(fnv1a(host_bytes(tensor)) == r.checksum,
                                      "checkpoint: recompute is not deterministic: values of saved tensor #", k,
@@ -82,6 +100,10 @@ class DeterminismRecord {
                                      " (op '", r.op, "', ", r.shape, ") differ bitwise from the forward");
     return r.slot;
   }
+
+  /// A recompute has filled every slot with checked values: later recomputes of this
+  /// region (a second backward) skip the fingerprint.
+  void mark_values_verified() { values_verified_ = true; }
 
   /// Checks that a recompute run to the end saved as many tensors as the forward.
   void verify_complete(std::size_t recomputed) const {
@@ -102,6 +124,7 @@ class DeterminismRecord {
   };
 
   DeterminismCheck level_;
+  bool values_verified_ = false;
   ReplayState<B> start_;
   std::vector<Save> saves_;
 };

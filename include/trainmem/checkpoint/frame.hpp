@@ -82,6 +82,7 @@ class RegionFrame final : public Unpacker<B> {
       } catch (const typename ReplayHook<B>::Stop&) {
       }
     }
+    record_.saves.mark_values_verified();
     record_.kept.drop_fetched();
   }
 

@@ -18,7 +18,7 @@ namespace trainmem {
 
 struct CheckpointOptions {
   Policy policy = policy::recompute_all();
-  DeterminismCheck determinism = DeterminismCheck::Metadata;
+  DeterminismCheck determinism = DeterminismCheck::Fingerprint;
   /// Bytes a region may keep through PREFER_SAVE decisions; MUST decisions ignore it.
   std::size_t memory_budget = std::numeric_limits<std::size_t>::max();
   /// Stop a recompute once every dropped tensor is back (faster). Off: rerun fn to the

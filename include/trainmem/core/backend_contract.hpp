@@ -63,6 +63,7 @@ concept BackendKernels = requires(B& b, const Tensor<B>& t, const GemmArgs& args
   b.sum_axis(t, t, view);
   b.sum_all(t, t);
   b.sum_squares(t, t);
+  { b.fingerprint(t) } -> std::same_as<std::uint64_t>;
   b.softmax(t, t, flag);
   b.softmax_backward(t, t, t, flag);
   b.layer_norm(t, t, t, t, t, t, x);

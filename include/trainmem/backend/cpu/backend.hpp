@@ -22,6 +22,7 @@
 #include "trainmem/backend/cpu/kernels/dropout.hpp"
 #include "trainmem/backend/cpu/kernels/elementwise.hpp"
 #include "trainmem/backend/cpu/kernels/embedding.hpp"
+#include "trainmem/backend/cpu/kernels/fingerprint.hpp"
 #include "trainmem/backend/cpu/kernels/loss.hpp"
 #include "trainmem/backend/cpu/kernels/loss_scale.hpp"
 #include "trainmem/backend/cpu/kernels/norm.hpp"
@@ -160,6 +161,9 @@ class Backend : public FusedUpdate<Backend> {
       });
     });
   }
+
+  /// core/fingerprint.hpp of t's bytes.
+  std::uint64_t fingerprint(const TensorT& t) { return kernels::fingerprint(t.data(), t.bytes()); }
 
   /// out[o, i] = sum over e of in[o, e, i], for in seen as `view`.
   void sum_axis(const TensorT& in, const TensorT& out, const AxisView& view) {

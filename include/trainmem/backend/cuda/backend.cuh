@@ -207,6 +207,16 @@ class Backend : public FusedUpdate<Backend> {
       });
     });
   }
+  /// core/fingerprint.hpp of t's bytes: one reduction, then 8 bytes to the host (a wait).
+  std::uint64_t fingerprint(const TensorT& t) {
+    if (t.bytes() == 0) return 0;
+    kernels::ScratchBuffer word(context(), sizeof(unsigned long long));
+    kernels::fingerprint(context(), t.data(), t.bytes(), word.as<unsigned long long>());
+    unsigned long long host = 0;
+    download(&host, word.as<const void>(), sizeof(host));
+    return host;
+  }
+
   /// out[o, i] = sum over e of in[o, e, i], for in seen as `view`.
   void sum_axis(const TensorT& in, const TensorT& out, const AxisView& view) {
     visit_floating(in.dtype(), "sum_axis", [&]<class TI>() {

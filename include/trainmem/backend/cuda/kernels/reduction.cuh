@@ -12,6 +12,7 @@
 #include "trainmem/backend/cuda/launch.cuh"
 #include "trainmem/backend/cuda/reduce.cuh"
 #include "trainmem/core/axis_view.hpp"
+#include "trainmem/core/fingerprint.hpp"
 
 namespace trainmem::cuda::kernels {
 
@@ -101,6 +102,41 @@ struct AddToAccumulator {
 template <class T, class TAcc>
 void sum_squares(const KernelContext& ctx, const T* x, std::int64_t n, TAcc* accumulator) {
   reduce_all<TAcc>(ctx, n, device::SquaredElement<TAcc, T>{x}, device::AddToAccumulator<TAcc, TAcc>{accumulator});
+}
+
+namespace device {
+/// Word j of a buffer as core/fingerprint.hpp reads it (little-endian, the last zero-padded).
+struct FingerprintWord {
+  const unsigned char* bytes;
+  std::uint64_t size;
+  bool aligned;
+  __device__ unsigned long long operator()(std::int64_t j) const {
+    const std::uint64_t first = static_cast<std::uint64_t>(j) * 8;
+    std::uint64_t word = 0;
+    if (aligned && first + 8 <= size) {
+      word = reinterpret_cast<const std::uint64_t*>(bytes)[j];
+    } else {
+      for (std::uint64_t b = 0; b < 8 && first + b < size; ++b)
+        word |= static_cast<std::uint64_t>(bytes[first + b]) << (8 * b);
+    }
+    return ::trainmem::detail::fingerprint_term(word, static_cast<std::uint64_t>(j));
+  }
+};
+
+struct StoreFingerprint {
+  unsigned long long* out;
+  __device__ void operator()(unsigned long long total) const { out[0] = total; }
+};
+}  // namespace device
+
+/// core/fingerprint.hpp of `bytes` bytes at `data`, into the device word `out`: an
+/// integer sum, so the tree order of reduce_all gives the CPU loop's bits.
+inline void fingerprint(const KernelContext& ctx, const void* data, std::uint64_t bytes, unsigned long long* out) {
+  const auto words = static_cast<std::int64_t>((bytes + 7) / 8);
+  const bool aligned = reinterpret_cast<std::uintptr_t>(data) % 8 == 0;
+  reduce_all<unsigned long long>(ctx, words,
+                                 device::FingerprintWord{static_cast<const unsigned char*>(data), bytes, aligned},
+                                 device::StoreFingerprint{out});
 }
 
 }  // namespace trainmem::cuda::kernels
