@@ -122,9 +122,6 @@ std::int64_t largest_batch(const Settings& s, const std::vector<std::int32_t>& t
   std::int64_t lo = 0, hi = 0;  // lo fits (0: none known), hi does not (0: none known)
   const auto fits = [&](std::int64_t batch) {
     const bool ok = plan_for(s, text, batch, budget, 1).has_value();
-    // Every batch size frees blocks of its own sizes into the allocator's cache, which
-    // keeps them; without this a search over ten sizes held 24 GB and was killed.
-    B::default_instance().allocator().release_cached();
     std::printf("  %lld sequences: %s\n", static_cast<long long>(batch), ok ? "fits" : "does not fit");
     std::fflush(stdout);
     return ok;

@@ -3,6 +3,7 @@
 // The closed-form test is the one the memory claims rest on: a Linear + ReLU forward
 // must keep exactly the bytes its backward needs (x for dW, the ReLU output for its
 // mask), counted by a fresh backend's MemoryStats, and backward must give them back.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
@@ -240,6 +241,39 @@ TEST_CASE("cpu::Backend: tensors are counted by category, 64-byte aligned, and f
   CHECK(be.allocator().cached_bytes() > 0);
   be.allocator().release_cached();
   CHECK(be.allocator().cached_bytes() == 0);
+}
+
+TEST_CASE("cpu::Allocator: the cache reuses a repeated step's blocks and stays bounded when sizes change",
+          "[core][memory]") {
+  MemoryStats stats;
+  cpu::Allocator allocator(stats);
+  constexpr std::size_t kMiB = 1 << 20;
+  // A "step" allocates `count` blocks of `size` at once and frees them.
+  const auto step = [&](std::size_t size, int count) {
+    std::vector<void*> blocks;
+    for (int i = 0; i < count; ++i) blocks.push_back(allocator.allocate(size, MemCategory::Temporary));
+    for (void* b : blocks) allocator.deallocate(b, size, MemCategory::Temporary);
+  };
+  step(kMiB, 8);
+  CHECK(allocator.high_water_bytes() == 8 * kMiB);
+  CHECK(allocator.cached_bytes() == 8 * kMiB);
+  step(kMiB, 8);  // the same step again: every block from the cache, nothing new
+  CHECK(allocator.cached_bytes() == 8 * kMiB);
+  CHECK(allocator.high_water_bytes() == 8 * kMiB);
+  // A search over batch sizes: every step a new block size. Without a bound the cache
+  // would hold every size tried (here 8 + 9 + ... + 20 MiB = 182 MiB).
+  std::size_t worst = 0;
+  for (int k = 1; k <= 12; ++k) {
+    step(kMiB + static_cast<std::size_t>(k) * kMiB / 8, 8);
+    worst = std::max(worst, allocator.cached_bytes());
+  }
+  const std::size_t high_water = allocator.high_water_bytes();
+  CHECK(high_water == 8 * (kMiB + 12 * kMiB / 8));  // the largest step: 20 MiB
+  CHECK(worst <= cpu::Allocator::kCacheBound * high_water);
+  CHECK(allocator.cached_bytes() >= 8 * (kMiB + 12 * kMiB / 8));  // the last size is still warm
+  CHECK(stats.live_total() == 0);
+  allocator.release_cached();
+  CHECK(allocator.cached_bytes() == 0);
 }
 
 TEST_CASE("MemoryStats: Linear + ReLU forward keeps exactly x and the ReLU output", "[core][memory]") {

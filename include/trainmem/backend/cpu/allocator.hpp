@@ -4,7 +4,12 @@
 // kept in a per-size cache and handed out again: a training step allocates the same
 // sizes every step, and reusing warm pages avoids the page faults that a fresh large
 // malloc costs. Cached bytes are not live bytes; `cached_bytes()` reports them and
-// `release_cached()` returns them to the system.
+// `release_cached()` returns them to the system. The cache is bounded: live + cached
+// stays within twice the most this allocator ever had live (the high-water mark), so
+// forward and backward can each keep their own sizes warm, while a program that changes
+// its sizes (a batch-size search, a planner trying schedules) holds at most twice its
+// largest step, not the sum of every size it tried. A miss that would pass the bound
+// first frees cached blocks.
 //
 // Fault injection: `fail_allocation(k)` makes the k-th allocation from now throw
 // trainmem::Error as an exhausted system would, so tests can check that every
@@ -17,8 +22,10 @@
 // Tape is used by one thread at a time.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdlib>
+#include <iterator>
 #include <mutex>
 #include <new>
 #include <unordered_map>
@@ -32,6 +39,7 @@ namespace trainmem::cpu {
 class Allocator {
  public:
   static constexpr std::size_t kAlignment = 64;
+  static constexpr std::size_t kCacheBound = 2;
 
   explicit Allocator(MemoryStats& stats) : stats_(stats) {}
   ~Allocator() { release_cached(); }
@@ -50,10 +58,13 @@ class Allocator {
       it->second.pop_back();
       cached_bytes_ -= rounded;
     } else {
+      high_water_ = std::max(high_water_, live_rounded_ + rounded);
+      trim_cache_locked(kCacheBound * high_water_ - (live_rounded_ + rounded));
       ptr = std::aligned_alloc(kAlignment, rounded);
       detail::check(ptr != nullptr, "cpu::Allocator: out of memory allocating ", bytes, " bytes for ",
                     name_of(category), " (live ", stats_.live_total(), " bytes)");
     }
+    live_rounded_ += rounded;
     stats_.on_allocate(category, bytes);
     return ptr;
   }
@@ -63,6 +74,7 @@ class Allocator {
     stats_.on_free(category, bytes);
     const std::size_t rounded = round_up(bytes);
     std::lock_guard lock(mutex_);
+    live_rounded_ -= rounded;
     if (caching_) {
       cache_[rounded].push_back(ptr);
       cached_bytes_ += rounded;
@@ -91,13 +103,29 @@ class Allocator {
   }
   void release_cached() {
     std::lock_guard lock(mutex_);
-    for (auto& [size, blocks] : cache_)
-      for (void* ptr : blocks) std::free(ptr);
-    cache_.clear();
-    cached_bytes_ = 0;
+    trim_cache_locked(0);
+  }
+  /// The most bytes (rounded to blocks) this allocator has had live at once; live + cached
+  /// stays within kCacheBound times it.
+  std::size_t high_water_bytes() const {
+    std::lock_guard lock(mutex_);
+    return high_water_;
   }
 
  private:
+  /// Frees cached blocks until at most `keep` bytes stay cached (mutex held).
+  void trim_cache_locked(std::size_t keep) {
+    for (auto it = cache_.begin(); it != cache_.end() && cached_bytes_ > keep;) {
+      std::vector<void*>& blocks = it->second;
+      while (!blocks.empty() && cached_bytes_ > keep) {
+        std::free(blocks.back());
+        blocks.pop_back();
+        cached_bytes_ -= it->first;
+      }
+      it = blocks.empty() ? cache_.erase(it) : std::next(it);
+    }
+  }
+
   static std::size_t round_up(std::size_t bytes) {
     return bytes == 0 ? kAlignment : (bytes + kAlignment - 1) / kAlignment * kAlignment;
   }
@@ -105,6 +133,8 @@ class Allocator {
   MemoryStats& stats_;
   bool caching_ = true;
   std::size_t cached_bytes_ = 0;
+  std::size_t live_rounded_ = 0;  // live bytes as blocks (rounded up to kAlignment)
+  std::size_t high_water_ = 0;    // the most live_rounded_ has been
   std::unordered_map<std::size_t, std::vector<void*>> cache_;
   std::int64_t fail_countdown_ = 0;  // > 0: allocations left until the injected failure
   mutable std::mutex mutex_;
