@@ -34,6 +34,7 @@
 #include "trainmem/backend/cpu/allocator.hpp"
 #include "trainmem/backend/cpu/convert.hpp"
 #include "trainmem/backend/cpu/gemm_epilogue.hpp"
+#include "trainmem/backend/cpu/kernels/parallel.hpp"
 #include "trainmem/backend/cpu/onednn_gemm.hpp"
 #include "trainmem/backend/cpu/workspace.hpp"
 #include "trainmem/core/gemm_args.hpp"
@@ -100,14 +101,6 @@ inline int gemm_thread_count(std::int64_t rows, double macs) {
   static_cast<void>(rows);
   static_cast<void>(macs);
   return 1;
-#endif
-}
-
-inline int gemm_thread_id() {
-#if defined(_OPENMP)
-  return omp_get_thread_num();
-#else
-  return 0;
 #endif
 }
 
@@ -267,7 +260,7 @@ void eigen_path_gemm(const GemmArgs& g, const TA* a, const TA* b, TC* c, const E
 #if defined(_OPENMP)
 #pragma omp parallel num_threads(threads)
 #endif
-    run_share(gemm_thread_id());
+    run_share(current_thread());
   } else {
     run_share(0);
   }

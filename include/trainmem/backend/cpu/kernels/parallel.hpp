@@ -8,7 +8,30 @@
 
 #include <cstdint>
 
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+
 namespace trainmem::cpu::kernels {
+
+/// The calling thread's index in the current OpenMP team (0 outside one, or without OpenMP).
+inline int current_thread() {
+#if defined(_OPENMP)
+  return omp_get_thread_num();
+#else
+  return 0;
+#endif
+}
+
+/// How many threads a loop split over threads (when `split`) may run on at most.
+inline int max_threads(bool split = true) {
+#if defined(_OPENMP)
+  return split ? omp_get_max_threads() : 1;
+#else
+  static_cast<void>(split);
+  return 1;
+#endif
+}
 
 // NOTE [Parallel and SIMD]
 // Loops split across threads only above kParallelGrain elements (a fork/join costs
