@@ -5,7 +5,9 @@
 // cases that skipped, so a run on a machine without a GPU says so plainly instead of
 // passing silently. (The test_cuda main in tests/main.cpp exits 77 before any case runs
 // when there is no device; this report is what a plain Catch2 main prints.)
+#ifndef CATCH_CONFIG_EXTERNAL_INTERFACES
 #define CATCH_CONFIG_EXTERNAL_INTERFACES
+#endif
 #include "cuda_test_support.cuh"
 
 #include <iostream>
