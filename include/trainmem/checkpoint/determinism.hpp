@@ -5,9 +5,10 @@
 // recompute restores: RNG, autocast, cast-cache generation), and what each save of the
 // forward looked like. The k-th save of the recompute is checked against the k-th
 // record: op, shape and dtype always; by default also the values, through a backend
-// fingerprint (core/fingerprint.hpp: one integer reduction per dropped tensor in the
-// forward and one at the region's first recompute, no copy of the tensor); on request a
-// host checksum or the bytes themselves at every recompute. A mismatch is a
+// fingerprint (core/fingerprint.hpp: an integer sum over at most 1,024 words in runs spread
+// over the tensor, taken for each dropped tensor in the forward and at the region's first
+// recompute, no copy of the tensor); on request a host checksum of every byte, or the
+// bytes themselves, at every recompute. A mismatch is a
 // CheckpointError naming both saves, never a gradient computed from the wrong tensor.
 //
 // NOTE [Capture by value]

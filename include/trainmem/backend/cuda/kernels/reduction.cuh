@@ -105,13 +105,15 @@ void sum_squares(const KernelContext& ctx, const T* x, std::int64_t n, TAcc* acc
 }
 
 namespace device {
-/// Word j of a buffer as core/fingerprint.hpp reads it (little-endian, the last zero-padded).
+/// The k-th contributing word of a buffer as core/fingerprint.hpp reads it (little-endian,
+/// the last zero-padded), mixed with its index.
 struct FingerprintWord {
   const unsigned char* bytes;
-  std::uint64_t size;
+  std::uint64_t size, words;
   bool aligned;
-  __device__ unsigned long long operator()(std::int64_t j) const {
-    const std::uint64_t first = static_cast<std::uint64_t>(j) * 8;
+  __device__ unsigned long long operator()(std::int64_t k) const {
+    const std::uint64_t j = ::trainmem::detail::fingerprint_word(static_cast<std::uint64_t>(k), words);
+    const std::uint64_t first = j * 8;
     std::uint64_t word = 0;
     if (aligned && first + 8 <= size) {
       word = reinterpret_cast<const std::uint64_t*>(bytes)[j];
@@ -119,7 +121,7 @@ struct FingerprintWord {
       for (std::uint64_t b = 0; b < 8 && first + b < size; ++b)
         word |= static_cast<std::uint64_t>(bytes[first + b]) << (8 * b);
     }
-    return ::trainmem::detail::fingerprint_term(word, static_cast<std::uint64_t>(j));
+    return ::trainmem::detail::fingerprint_term(word, j);
   }
 };
 
@@ -132,11 +134,12 @@ struct StoreFingerprint {
 /// core/fingerprint.hpp of `bytes` bytes at `data`, into the device word `out`: an
 /// integer sum, so the tree order of reduce_all gives the CPU loop's bits.
 inline void fingerprint(const KernelContext& ctx, const void* data, std::uint64_t bytes, unsigned long long* out) {
-  const auto words = static_cast<std::int64_t>((bytes + 7) / 8);
+  const std::uint64_t words = (bytes + 7) / 8;
   const bool aligned = reinterpret_cast<std::uintptr_t>(data) % 8 == 0;
-  reduce_all<unsigned long long>(ctx, words,
-                                 device::FingerprintWord{static_cast<const unsigned char*>(data), bytes, aligned},
-                                 device::StoreFingerprint{out});
+  reduce_all<unsigned long long>(
+      ctx, static_cast<std::int64_t>(::trainmem::detail::fingerprint_samples(words)),
+      device::FingerprintWord{static_cast<const unsigned char*>(data), bytes, words, aligned},
+      device::StoreFingerprint{out});
 }
 
 }  // namespace trainmem::cuda::kernels
