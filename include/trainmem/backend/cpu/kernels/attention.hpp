@@ -22,6 +22,7 @@
 #include "trainmem/backend/cpu/allocator.hpp"
 #include "trainmem/backend/cpu/convert.hpp"
 #include "trainmem/backend/cpu/kernels/parallel.hpp"
+#include "trainmem/backend/cpu/threads.hpp"
 #include "trainmem/backend/cpu/workspace.hpp"
 #include "trainmem/core/attention_sizes.hpp"
 #include "trainmem/core/dtype.hpp"
@@ -81,7 +82,7 @@ struct Result {
 template <class Acc, class Body>
 void for_each_slice(const AttentionSizes& s, std::int64_t per_slice, Allocator& allocator, Body&& body) {
   const bool split = s.n > 1 && s.n * s.tq * s.tk * s.d > kParallelGrain;
-  const Workspace<Acc> scratch(allocator, static_cast<std::size_t>(per_slice * max_threads(split)));
+  const Workspace<Acc> scratch(allocator, static_cast<std::size_t>(per_slice * (split ? num_threads() : 1)));
   parallel_for(s.n, split, [&](std::int64_t slice) { body(slice, scratch.get() + per_slice * current_thread()); });
 }
 

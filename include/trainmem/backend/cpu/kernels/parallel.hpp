@@ -23,16 +23,6 @@ inline int current_thread() {
 #endif
 }
 
-/// How many threads a loop split over threads (when `split`) may run on at most.
-inline int max_threads(bool split = true) {
-#if defined(_OPENMP)
-  return split ? omp_get_max_threads() : 1;
-#else
-  static_cast<void>(split);
-  return 1;
-#endif
-}
-
 // NOTE [Parallel and SIMD]
 // Loops split across threads only above kParallelGrain elements (a fork/join costs
 // more than a small loop). Below it they do not enter OpenMP at all: a region whose
