@@ -27,7 +27,7 @@ V input(Tape<B>& tape, Shape shape, DType dtype, double value = 0.75) {
   return tape.input(T::from_host(std::move(shape), values, dtype), true);
 }
 
-struct Case {
+struct OpContract {
   std::string name;
   std::function<V(Tape<B>&, DType, std::vector<V>&)> run;
   DType under_bf16_autocast;  // for bf16 inputs
@@ -42,7 +42,7 @@ TEST_CASE("new ops: autocast category, cast's dtype, and gradient dtypes", "[ops
       return f(in[0]);
     };
   };
-  const std::vector<Case> cases = {
+  const std::vector<OpContract> cases = {
       // f32: a 16-bit power or normalisation loses most of its digits.
       {"sqrt", one([](const V& x) { return trainmem::sqrt(x); }), DType::F32},
       {"rsqrt", one([](const V& x) { return rsqrt(x); }), DType::F32},

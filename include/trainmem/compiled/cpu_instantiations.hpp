@@ -17,7 +17,47 @@
 #define TRAINMEM_INSTANTIATE extern template
 #endif
 
+// The backend's element-wise maps, once per library functor (core/math.hpp): each
+// instantiates its kernel for every pair (unary) or triple (binary) of floating dtypes,
+// so one map<Op> left to a translation unit costs it 16 or 64 kernels.
+#define TRAINMEM_CPU_UNARY_MAP(Op)                                                             \
+  TRAINMEM_INSTANTIATE void cpu::Backend::map<math::Op>(math::Op, const Tensor<cpu::Backend>&, \
+                                                        const Tensor<cpu::Backend>&);
+#define TRAINMEM_CPU_BINARY_MAP(Op)                                                            \
+  TRAINMEM_INSTANTIATE void cpu::Backend::map<math::Op>(math::Op, const Tensor<cpu::Backend>&, \
+                                                        const Tensor<cpu::Backend>&, const Tensor<cpu::Backend>&);
+
 namespace trainmem {
+
+// The backend's maps.
+TRAINMEM_CPU_UNARY_MAP(Identity)
+TRAINMEM_CPU_UNARY_MAP(Scale)
+TRAINMEM_CPU_UNARY_MAP(Relu)
+TRAINMEM_CPU_UNARY_MAP(Sigmoid)
+TRAINMEM_CPU_UNARY_MAP(Tanh)
+TRAINMEM_CPU_UNARY_MAP(Exp)
+TRAINMEM_CPU_UNARY_MAP(Log)
+TRAINMEM_CPU_UNARY_MAP(Sqrt)
+TRAINMEM_CPU_UNARY_MAP(Rsqrt)
+TRAINMEM_CPU_UNARY_MAP(Pow)
+TRAINMEM_CPU_UNARY_MAP(GeluTanh)
+TRAINMEM_CPU_UNARY_MAP(GeluErf)
+TRAINMEM_CPU_BINARY_MAP(ReluBackward)
+TRAINMEM_CPU_BINARY_MAP(SigmoidBackward)
+TRAINMEM_CPU_BINARY_MAP(TanhBackward)
+TRAINMEM_CPU_BINARY_MAP(ExpBackward)
+TRAINMEM_CPU_BINARY_MAP(LogBackward)
+TRAINMEM_CPU_BINARY_MAP(SqrtBackward)
+TRAINMEM_CPU_BINARY_MAP(RsqrtBackward)
+TRAINMEM_CPU_BINARY_MAP(PowBackward)
+TRAINMEM_CPU_BINARY_MAP(GeluTanhBackward)
+TRAINMEM_CPU_BINARY_MAP(GeluErfBackward)
+TRAINMEM_CPU_BINARY_MAP(Add)
+TRAINMEM_CPU_BINARY_MAP(Sub)
+TRAINMEM_CPU_BINARY_MAP(Mul)
+TRAINMEM_CPU_BINARY_MAP(Div)
+TRAINMEM_CPU_BINARY_MAP(DivBackwardDenominator)
+TRAINMEM_CPU_BINARY_MAP(AddScaled)
 
 // Tensors, the tape and what it records.
 TRAINMEM_INSTANTIATE class Storage<cpu::Backend>;
@@ -56,6 +96,10 @@ TRAINMEM_INSTANTIATE Var<cpu::Backend> layer_norm(const Var<cpu::Backend>&, cons
 TRAINMEM_INSTANTIATE Var<cpu::Backend> rms_norm(const Var<cpu::Backend>&, const Var<cpu::Backend>&, double);
 TRAINMEM_INSTANTIATE Var<cpu::Backend> sum(const Var<cpu::Backend>&);
 TRAINMEM_INSTANTIATE Var<cpu::Backend> mean(const Var<cpu::Backend>&);
+TRAINMEM_INSTANTIATE Var<cpu::Backend> sum(const Var<cpu::Backend>&, int, bool);
+TRAINMEM_INSTANTIATE Var<cpu::Backend> mean(const Var<cpu::Backend>&, int, bool);
+TRAINMEM_INSTANTIATE Var<cpu::Backend> slice(const Var<cpu::Backend>&, int, std::int64_t, std::int64_t);
+TRAINMEM_INSTANTIATE Var<cpu::Backend> concat(const std::vector<Var<cpu::Backend>>&, int);
 TRAINMEM_INSTANTIATE Var<cpu::Backend> reshape(const Var<cpu::Backend>&, Shape);
 TRAINMEM_INSTANTIATE Var<cpu::Backend> transpose(const Var<cpu::Backend>&);
 TRAINMEM_INSTANTIATE Var<cpu::Backend> split_heads(const Var<cpu::Backend>&, std::int64_t);
@@ -96,7 +140,12 @@ TRAINMEM_INSTANTIATE class detail::KeptOutputs<cpu::Backend>;
 TRAINMEM_INSTANTIATE class detail::DeterminismRecord<cpu::Backend>;
 TRAINMEM_INSTANTIATE class CheckpointPlan<cpu::Backend>;
 TRAINMEM_INSTANTIATE class Planner<cpu::Backend>;
+TRAINMEM_INSTANTIATE class ChainRunner<cpu::Backend>;
+TRAINMEM_INSTANTIATE ChainProfile profile_chain(const std::vector<Layer<cpu::Backend>>&, const ChainStep<cpu::Backend>&,
+                                                MemoryStats&, int);
 
 }  // namespace trainmem
 
+#undef TRAINMEM_CPU_BINARY_MAP
+#undef TRAINMEM_CPU_UNARY_MAP
 #undef TRAINMEM_INSTANTIATE
