@@ -51,6 +51,7 @@ struct VarImpl {
   /// since this Var was made; `who` names the caller in the error.
   Tape<B>* checked_tape(std::string_view who) const {
     if (tape == nullptr || tape_life == nullptr) return tape;
+    if (!tape_life->destroyed && tape_life->generation == tape_generation) return tape;  // every op's path: no message
     const std::string what = name.empty() ? std::string("a Var ") + value.shape().str() : "Var '" + name + "'";
     detail::check(!tape_life->destroyed, who, ": ", what,
                   " belongs to a tape that was destroyed; a Var must not outlive its tape");

@@ -40,8 +40,9 @@ class OpRecorder {
       : OpRecorder(op, std::vector<Var<B>>(inputs), flops) {}
   /// For ops with a run-time number of inputs (concat).
   OpRecorder(const OpInfo& op, std::vector<Var<B>> inputs, double flops)
-      : op_(op), inputs_(std::move(inputs)), flops_(flops), cast_(inputs_.size()) {
+      : op_(op), inputs_(std::move(inputs)), flops_(flops) {
     std::vector<DType> floating;
+    floating.reserve(inputs_.size());
     for (std::size_t i = 0; i < inputs_.size(); ++i) {
       const VarImpl<B>& v = inputs_[i].impl();
       if (v.checked_tape(op.name) != nullptr) {
@@ -79,6 +80,7 @@ class OpRecorder {
     const Var<B>& v = inputs_.at(i);
     const Tensor<B>& value = v.value();
     if (!is_floating(value.dtype()) || value.dtype() == compute_dtype_) return value;
+    if (cast_.empty()) cast_.resize(inputs_.size());  // most ops cast nothing: no allocation for them
     if (!cast_[i]) {
       if (v.tape() == nullptr && v.requires_grad()) {
         cast_[i] = amp::CastCache<B>::instance().get(value, compute_dtype_);
@@ -119,6 +121,7 @@ class OpRecorder {
       node->op = &op_;
       node->output_dtypes = {output.dtype()};
       node->output_shapes = {output.shape()};
+      node->inputs.reserve(inputs_.size());
       for (const Var<B>& in : inputs_) {
         Edge<B> edge;
         const VarImpl<B>& v = in.impl();
@@ -145,7 +148,7 @@ class OpRecorder {
   const OpInfo& op_;
   std::vector<Var<B>> inputs_;
   double flops_;
-  std::vector<std::optional<Tensor<B>>> cast_;
+  std::vector<std::optional<Tensor<B>>> cast_;  // input i cast to the compute dtype (sized at the first cast)
   Tape<B>* tape_ = nullptr;
   SaveHook<B>* hook_ = nullptr;
   std::int64_t op_index_ = -1;
