@@ -307,8 +307,8 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
       rows.push_back(r);
     }
-    std::ofstream(s.json_path)
-        << json{{"side", "trainmem"}, {"threads", benchmarks::cpu_threads()}, {"rows", rows}}.dump(2) << "\n";
+    std::ofstream(s.json_path) << json{{"side", "trainmem"}, {"threads", tmem::num_threads()}, {"rows", rows}}.dump(2)
+                               << "\n";
     std::printf("budget_shootout: wrote %s\n", s.json_path.c_str());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "budget_shootout: %s\n", e.what());

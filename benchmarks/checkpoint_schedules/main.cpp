@@ -10,8 +10,13 @@
 // The default batch (256 rows) makes a block's activations (1.3 MB) outweigh its
 // parameters (0.5 MB), as in real training, so checkpointing lowers the total peak too.
 //
+// The default value check's cost (DeterminismCheck::Fingerprint) is measured on its own:
+// every_block with and without it (Metadata), in adjacent pairs whose order alternates, so
+// a drift in the machine's speed hits both sides alike; the median of the per-pair ratios
+// and its quartiles are reported.
+//
 //   checkpoint_schedules [--sizes 16,64,256,1024] [--width 128] [--hidden 512] [--batch 256]
-//                        [--reps 5] [--every 4] [--json out.json] [--svg out.svg]
+//                        [--reps 5] [--check-pairs 60] [--every 4] [--json out.json] [--svg out.svg]
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -43,6 +48,7 @@ struct Config {
   std::vector<int> sizes{16, 64, 256, 1024};
   std::int64_t width = 128, hidden = 512, batch = 256;
   int reps = 5;
+  int check_pairs = 60;
   int every = 4;
   std::string json_path = "checkpoint_schedules.json";
   std::string svg_path = "checkpoint_schedules.svg";
@@ -189,12 +195,13 @@ int main(int argc, char** argv) {
   app.add_option("--hidden", c.hidden, "hidden width of each block's MLP");
   app.add_option("--batch", c.batch, "rows per batch");
   app.add_option("--reps", c.reps, "timed steps per schedule (median reported)");
+  app.add_option("--check-pairs", c.check_pairs, "adjacent step pairs that measure the value check's cost");
   app.add_option("--every", c.every, "blocks per segment of the every-k schedule");
   app.add_option("--json", c.json_path, "where to write the JSON results");
   app.add_option("--svg", c.svg_path, "where to write the SVG chart");
   CLI11_PARSE(app, argc, argv);
 
-  const int threads = benchmarks::cpu_threads();
+  const int threads = tmem::num_threads();
   std::printf("residual MLP chain: width %lld, hidden %lld, batch %lld, f32, %d threads, median of %d steps\n",
               static_cast<long long>(c.width), static_cast<long long>(c.hidden), static_cast<long long>(c.batch),
               threads, c.reps);
@@ -234,13 +241,26 @@ int main(int argc, char** argv) {
       if (scheds[s].first == "sqrt_n") sqrt_peak[n] = m[s].peak_saved();
     }
     none_peak[n] = m[0].peak_saved();
-    // The default check's cost: every_block (fingerprints) over every_block_metadata, per
-    // rep (the two ran back to back), median.
+    // The default check's cost: every_block (fingerprints) over every_block_metadata in
+    // adjacent pairs, alternating which runs first.
+    const Schedule& checked = scheds[1].second;
+    const Schedule& unchecked = scheds.back().second;
+    Measurement pair_steps;
     std::vector<double> check_ratio;
-    for (int r = 0; r < c.reps; ++r) check_ratio.push_back(m[1].step_ms[r] / m.back().step_ms[r]);
-    const double cost = benchmarks::median(check_ratio);
-    std::printf("%6d  value check (fingerprint) cost: every_block / every_block_metadata = %.4f\n", n, cost);
-    check_costs.push_back({{"n", n}, {"every_block_over_metadata", cost}, {"per_rep", check_ratio}});
+    for (int r = 0; r < c.check_pairs; ++r) {
+      const bool checked_first = r % 2 == 0;
+      const double first = step(chain, checked_first ? checked : unchecked, input, pair_steps);
+      const double second = step(chain, checked_first ? unchecked : checked, input, pair_steps);
+      check_ratio.push_back(checked_first ? first / second : second / first);
+    }
+    const double cost = benchmarks::median(check_ratio), q1 = benchmarks::quantile(check_ratio, 0.25),
+                 q3 = benchmarks::quantile(check_ratio, 0.75);
+    std::printf(
+        "%6d  value check (fingerprint) cost: every_block / every_block_metadata = %.4f (quartiles %.4f, %.4f; %d "
+        "pairs)\n",
+        n, cost, q1, q3, c.check_pairs);
+    check_costs.push_back(
+        {{"n", n}, {"every_block_over_metadata", cost}, {"quartiles", {q1, q3}}, {"per_pair", check_ratio}});
   }
 
   // sqrt(N) against the (k + N/k) A model, A = one block's saved bytes in the plain run.
@@ -290,6 +310,7 @@ int main(int argc, char** argv) {
                         {"hidden", c.hidden},
                         {"batch", c.batch},
                         {"reps", c.reps},
+                        {"check_pairs", c.check_pairs},
                         {"results", rows},
                         {"fingerprint_check_cost", check_costs},
                         {"sqrt_model", model},

@@ -5,29 +5,23 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
+#include <utility>
 #include <vector>
-
-#if defined(_OPENMP)
-#include <omp.h>
-#endif
 
 namespace benchmarks {
 
-/// The median of `values` (the mean of the middle two for an even count; 0 when empty).
-inline double median(std::vector<double> values) {
+/// The q-quantile of `values` (0 <= q <= 1), linear between neighbours; 0 when empty.
+inline double quantile(std::vector<double> values, double q) {
   if (values.empty()) return 0.0;
   std::sort(values.begin(), values.end());
-  const std::size_t n = values.size();
-  return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+  const double at = q * static_cast<double>(values.size() - 1);
+  const auto lo = static_cast<std::size_t>(std::floor(at));
+  const std::size_t hi = std::min(lo + 1, values.size() - 1);
+  return values[lo] + (at - static_cast<double>(lo)) * (values[hi] - values[lo]);
 }
 
-/// Threads a parallel region of the CPU backend uses (1 without OpenMP), for the table header.
-inline int cpu_threads() {
-#if defined(_OPENMP)
-  return omp_get_max_threads();
-#else
-  return 1;
-#endif
-}
+/// The median of `values` (the mean of the middle two for an even count; 0 when empty).
+inline double median(std::vector<double> values) { return quantile(std::move(values), 0.5); }
 
 }  // namespace benchmarks

@@ -226,7 +226,7 @@ int main(int argc, char** argv) {
   app.add_option("--tokens", c.tokens, "transformer: sequence length");
   app.add_option("--seq-batch", c.seq_batch, "transformer: sequences per batch");
   CLI11_PARSE(app, argc, argv);
-  const int threads = benchmarks::cpu_threads();
+  const int threads = tmem::num_threads();
   std::printf(
       "checkpoint planner vs hand schedules, f32, %d threads, median of %d steps, budgets on saved activations\n",
       threads, c.reps);
