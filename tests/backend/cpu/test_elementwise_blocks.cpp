@@ -1,0 +1,115 @@
+// tests/backend/cpu/test_elementwise_blocks.cpp — 16-bit element-wise maps run on float
+// blocks (NOTE [16-bit blocks] in backend/cpu/kernels/elementwise.hpp); their results must
+// be bitwise those of the element-by-element formula narrow(op(widen(x))), which the test
+// computes with the scalar conversions of core/, for every way b broadcasts, lengths that
+// are not a multiple of the block, lengths that split over threads, and in place.
+#include <bit>
+#include <catch2/catch.hpp>
+#include <cstdint>
+#include <type_traits>
+#include <vector>
+
+#include "test_data.hpp"
+#include "trainmem/backend/cpu/kernels/elementwise.hpp"
+#include "trainmem/core/math.hpp"
+
+namespace {
+
+namespace kernels = trainmem::cpu::kernels;
+using trainmem::AxisView;
+using trainmem::BFloat16;
+using trainmem::Half;
+
+template <class T>
+std::vector<T> random_values(std::size_t n, std::uint64_t seed) {
+  trainmem::testing::SplitMix64 rng(seed);
+  std::vector<T> v(n);
+  for (auto& x : v) x = trainmem::detail::narrow<T>(static_cast<float>(rng.uniform() * 8.0 - 4.0));
+  return v;
+}
+
+template <class T>
+std::uint64_t bits(T v) {
+  if constexpr (std::is_same_v<T, float>) return std::bit_cast<std::uint32_t>(v);
+  else return v.bits;
+}
+
+template <class T>
+float wide(T v) {
+  return static_cast<float>(trainmem::detail::widen(v));
+}
+
+/// Elements of `out` whose bits differ from `expected`.
+template <class T>
+int differing(const std::vector<T>& out, const std::vector<T>& expected) {
+  int n = 0;
+  for (std::size_t i = 0; i < out.size(); ++i) n += bits(out[i]) != bits(expected[i]);
+  return n;
+}
+
+template <class TA, class TB, class TOut>
+void check_binary(const AxisView& view) {
+  const trainmem::math::GeluTanhBackward op;
+  const std::int64_t n = view.numel(), nb = n / view.extent;
+  const auto a = random_values<TA>(static_cast<std::size_t>(n), 1);
+  const auto b = random_values<TB>(static_cast<std::size_t>(nb), 2);
+  std::vector<TOut> out(static_cast<std::size_t>(n)), expected(out.size());
+  for (std::int64_t o = 0; o < view.outer; ++o)
+    for (std::int64_t e = 0; e < view.extent; ++e)
+      for (std::int64_t i = 0; i < view.inner; ++i) {
+        const std::int64_t k = (o * view.extent + e) * view.inner + i;
+        expected[k] = trainmem::detail::narrow<TOut>(op(wide(a[k]), wide(b[o * view.inner + i])));
+      }
+  kernels::map_binary(op, a.data(), b.data(), out.data(), view);
+  CHECK(differing(out, expected) == 0);
+}
+
+}  // namespace
+
+TEST_CASE("16-bit element-wise maps give the element-by-element bits", "[backend][cpu][elementwise]") {
+  const trainmem::math::GeluTanh gelu;
+  // 1, under a block, several blocks with a tail, and enough to split over threads.
+  const std::int64_t lengths[] = {1, 255, 4099, 70001};
+  SECTION("unary, each dtype mix") {
+    for (const std::int64_t n : lengths) {
+      INFO("n = " << n);
+      auto check = [&]<class TIn, class TOut>() {
+        const auto in = random_values<TIn>(static_cast<std::size_t>(n), 3);
+        std::vector<TOut> out(in.size()), expected(in.size());
+        for (std::size_t i = 0; i < in.size(); ++i) expected[i] = trainmem::detail::narrow<TOut>(gelu(wide(in[i])));
+        kernels::map_unary(gelu, in.data(), out.data(), n);
+        CHECK(differing(out, expected) == 0);
+      };
+      check.operator()<Half, Half>();
+      check.operator()<BFloat16, BFloat16>();
+      check.operator()<Half, float>();
+      check.operator()<float, Half>();
+      check.operator()<BFloat16, Half>();
+    }
+  }
+  SECTION("unary in place") {
+    for (const std::int64_t n : lengths) {
+      INFO("n = " << n);
+      auto x = random_values<Half>(static_cast<std::size_t>(n), 4);
+      std::vector<Half> expected(x.size());
+      for (std::size_t i = 0; i < x.size(); ++i) expected[i] = Half(gelu(wide(x[i])));
+      kernels::map_unary(gelu, x.data(), x.data(), n);
+      CHECK(differing(x, expected) == 0);
+    }
+  }
+  SECTION("binary: same shape, scalar, rows, columns") {
+    for (const std::int64_t n : lengths) {
+      // AxisView{outer, extent, inner}: a is [outer, extent, inner], b is [outer, inner].
+      const std::int64_t cols = 37, rows = (n + cols - 1) / cols;
+      for (const AxisView view :
+           {AxisView{1, 1, n}, AxisView{1, n, 1}, AxisView{2, rows, cols}, AxisView{rows, cols, 1}}) {
+        INFO("view " << view.outer << " x " << view.extent << " x " << view.inner);
+        check_binary<Half, Half, Half>(view);
+        check_binary<BFloat16, BFloat16, BFloat16>(view);
+        check_binary<Half, float, Half>(view);
+        check_binary<float, Half, float>(view);
+        check_binary<BFloat16, float, Half>(view);
+      }
+    }
+  }
+}
