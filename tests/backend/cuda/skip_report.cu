@@ -3,7 +3,7 @@
 // Each TEST_CASE skips itself without a device (TRAINMEM_REQUIRE_CUDA_DEVICE); this
 // listener prints the device the run used at the start and, at the end, the number of
 // cases that skipped, so a run on a machine without a GPU says so plainly instead of
-// passing silently. (The test_cuda main in tests/main.cpp exits 77 before any case runs
+// passing silently. (gpu_gate.cu makes the run exit 77 before any case runs
 // when there is no device; this report is what a plain Catch2 main prints.)
 #ifndef CATCH_CONFIG_EXTERNAL_INTERFACES
 #define CATCH_CONFIG_EXTERNAL_INTERFACES
