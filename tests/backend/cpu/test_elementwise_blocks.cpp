@@ -1,8 +1,10 @@
-// tests/backend/cpu/test_elementwise_blocks.cpp — 16-bit element-wise maps run on float
-// blocks (NOTE [16-bit blocks] in backend/cpu/kernels/elementwise.hpp); their results must
-// be bitwise those of the element-by-element formula narrow(op(widen(x))), which the test
-// computes with the scalar conversions of core/, for every way b broadcasts, lengths that
-// are not a multiple of the block, lengths that split over threads, and in place.
+// tests/backend/cpu/test_elementwise_blocks.cpp — element-wise maps run in accumulator
+// blocks with run-time dtypes (NOTE [Element-wise maps in blocks] in
+// backend/cpu/kernels/elementwise.hpp); their results must be bitwise those of the
+// element-by-element formula narrow<out>(op(widen(a), widen(b))) in the accumulator type
+// (float, or double with an f64 operand), which the test computes with the scalar
+// conversions of core/, for dtype mixes of both accumulators, every way b broadcasts,
+// lengths that are not a multiple of the block, lengths that split over threads, and in place.
 #include <bit>
 #include <catch2/catch.hpp>
 #include <cstdint>
@@ -24,19 +26,29 @@ template <class T>
 std::vector<T> random_values(std::size_t n, std::uint64_t seed) {
   trainmem::testing::SplitMix64 rng(seed);
   std::vector<T> v(n);
-  for (auto& x : v) x = trainmem::detail::narrow<T>(static_cast<float>(rng.uniform() * 8.0 - 4.0));
+  for (auto& x : v) x = trainmem::detail::narrow<T>(rng.uniform() * 8.0 - 4.0);
   return v;
 }
 
 template <class T>
 std::uint64_t bits(T v) {
   if constexpr (std::is_same_v<T, float>) return std::bit_cast<std::uint32_t>(v);
+  else if constexpr (std::is_same_v<T, double>) return std::bit_cast<std::uint64_t>(v);
   else return v.bits;
 }
 
+template <class Acc, class T>
+Acc wide(T v) {
+  return static_cast<Acc>(trainmem::detail::widen(v));
+}
+
 template <class T>
-float wide(T v) {
-  return static_cast<float>(trainmem::detail::widen(v));
+kernels::Operand operand(const std::vector<T>& v) {
+  return {v.data(), trainmem::dtype_of<T>()};
+}
+template <class T>
+kernels::Result result(std::vector<T>& v) {
+  return {v.data(), trainmem::dtype_of<T>()};
 }
 
 /// Elements of `out` whose bits differ from `expected`.
@@ -49,6 +61,7 @@ int differing(const std::vector<T>& out, const std::vector<T>& expected) {
 
 template <class TA, class TB, class TOut>
 void check_binary(const AxisView& view) {
+  using Acc = trainmem::AccumulatorFor<TA, TB, TOut>;
   const trainmem::math::GeluTanhBackward op;
   const std::int64_t n = view.numel(), nb = n / view.extent;
   const auto a = random_values<TA>(static_cast<std::size_t>(n), 1);
@@ -58,9 +71,9 @@ void check_binary(const AxisView& view) {
     for (std::int64_t e = 0; e < view.extent; ++e)
       for (std::int64_t i = 0; i < view.inner; ++i) {
         const std::int64_t k = (o * view.extent + e) * view.inner + i;
-        expected[k] = trainmem::detail::narrow<TOut>(op(wide(a[k]), wide(b[o * view.inner + i])));
+        expected[k] = trainmem::detail::narrow<TOut>(op(wide<Acc>(a[k]), wide<Acc>(b[o * view.inner + i])));
       }
-  kernels::map_binary(op, a.data(), b.data(), out.data(), view);
+  kernels::map_binary(op, operand(a), operand(b), result(out), view);
   CHECK(differing(out, expected) == 0);
 }
 
@@ -74,10 +87,12 @@ TEST_CASE("16-bit element-wise maps give the element-by-element bits", "[backend
     for (const std::int64_t n : lengths) {
       INFO("n = " << n);
       auto check = [&]<class TIn, class TOut>() {
+        using Acc = trainmem::AccumulatorFor<TIn, TOut>;
         const auto in = random_values<TIn>(static_cast<std::size_t>(n), 3);
         std::vector<TOut> out(in.size()), expected(in.size());
-        for (std::size_t i = 0; i < in.size(); ++i) expected[i] = trainmem::detail::narrow<TOut>(gelu(wide(in[i])));
-        kernels::map_unary(gelu, in.data(), out.data(), n);
+        for (std::size_t i = 0; i < in.size(); ++i)
+          expected[i] = trainmem::detail::narrow<TOut>(gelu(wide<Acc>(in[i])));
+        kernels::map_unary(gelu, operand(in), result(out), n);
         CHECK(differing(out, expected) == 0);
       };
       check.operator()<Half, Half>();
@@ -85,6 +100,10 @@ TEST_CASE("16-bit element-wise maps give the element-by-element bits", "[backend
       check.operator()<Half, float>();
       check.operator()<float, Half>();
       check.operator()<BFloat16, Half>();
+      check.operator()<float, float>();
+      check.operator()<Half, double>();  // double accumulators
+      check.operator()<double, BFloat16>();
+      check.operator()<double, float>();
     }
   }
   SECTION("unary in place") {
@@ -92,8 +111,8 @@ TEST_CASE("16-bit element-wise maps give the element-by-element bits", "[backend
       INFO("n = " << n);
       auto x = random_values<Half>(static_cast<std::size_t>(n), 4);
       std::vector<Half> expected(x.size());
-      for (std::size_t i = 0; i < x.size(); ++i) expected[i] = Half(gelu(wide(x[i])));
-      kernels::map_unary(gelu, x.data(), x.data(), n);
+      for (std::size_t i = 0; i < x.size(); ++i) expected[i] = Half(gelu(wide<float>(x[i])));
+      kernels::map_unary(gelu, operand(x), result(x), n);
       CHECK(differing(x, expected) == 0);
     }
   }
@@ -109,6 +128,10 @@ TEST_CASE("16-bit element-wise maps give the element-by-element bits", "[backend
         check_binary<Half, float, Half>(view);
         check_binary<float, Half, float>(view);
         check_binary<BFloat16, float, Half>(view);
+        check_binary<float, float, float>(view);
+        check_binary<double, Half, Half>(view);  // double accumulators
+        check_binary<BFloat16, double, float>(view);
+        check_binary<float, BFloat16, double>(view);
       }
     }
   }

@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstring>
+#include <initializer_list>
 #include <optional>
 #include <span>
 
@@ -130,11 +131,8 @@ class Backend : public FusedUpdate<Backend> {
   /// out = op(in), element-wise; in and out may differ in dtype (a cast is map(Identity)).
   template <class Op>
   void map(Op op, const TensorT& in, const TensorT& out) {
-    visit_floating(in.dtype(), "map", [&]<class TI>() {
-      visit_floating(out.dtype(), "map", [&]<class TO>() {
-        kernels::map_unary(op, in.data_as<const TI>(), out.data_as<TO>(), in.numel());
-      });
-    });
+    expect_floating_map(in, in, out);
+    kernels::map_unary(op, {in.data(), in.dtype()}, {out.data(), out.dtype()}, in.numel());
   }
 
   /// out = op(a, b); b lines up with a as broadcast_view says (core/axis_view.hpp).
@@ -142,13 +140,8 @@ class Backend : public FusedUpdate<Backend> {
   void map(Op op, const TensorT& a, const TensorT& b, const TensorT& out) {
     const std::optional<AxisView> view = broadcast_view(a.shape(), b.shape());
     detail::expects(view.has_value(), "map: b ", b.shape(), " does not broadcast to a ", a.shape());
-    visit_floating(a.dtype(), "map", [&]<class TA>() {
-      visit_floating(b.dtype(), "map", [&]<class TB>() {
-        visit_floating(out.dtype(), "map", [&]<class TO>() {
-          kernels::map_binary(op, a.data_as<const TA>(), b.data_as<const TB>(), out.data_as<TO>(), *view);
-        });
-      });
-    });
+    expect_floating_map(a, b, out);
+    kernels::map_binary(op, {a.data(), a.dtype()}, {b.data(), b.dtype()}, {out.data(), out.dtype()}, *view);
   }
 
   /// out[c] = beta out[c] + sum over rows of in[r, c] (in viewed as [rows, out.numel()]).
@@ -324,6 +317,11 @@ class Backend : public FusedUpdate<Backend> {
   }
 
  private:
+  /// Element-wise maps take floating dtypes only (in any mix).
+  static void expect_floating_map(const TensorT& a, const TensorT& b, const TensorT& out) {
+    for (const TensorT* t : {&a, &b, &out})
+      detail::check(is_floating(t->dtype()), "map: expected a floating dtype, got ", t->dtype());
+  }
   /// The ops give A and B their compute dtype, and f64 only meets f64.
   static void expect_gemm_dtypes(const TensorT& a, const TensorT& b, const TensorT& c) {
     detail::expects(a.dtype() == b.dtype() && (a.dtype() == DType::F64) == (c.dtype() == DType::F64),

@@ -1,10 +1,11 @@
 // trainmem/backend/cpu/kernels/elementwise.hpp — out = op(in) and out = op(a, b), element by element.
 //
-// One loop per way b lines up with a (same shape, a scalar, rows of b, one b element per
-// slice), so each inner loop is a plain stride-1 loop the compiler vectorises; the op is
-// a functor of core/math.hpp. Where a 16-bit type is involved, the loops run on float
-// blocks: the bulk converters of convert.hpp widen a block of each input and narrow the
-// block of results (NOTE [16-bit blocks]).
+// The dtypes of the operands are run-time values (Operand); the functor (core/math.hpp)
+// is the only compile-time parameter. Each map runs in blocks: every operand's block is
+// widened to the accumulator type by the bulk converters, the functor runs over
+// accumulator blocks in one stride-1 simd loop, and the results are narrowed back
+// (NOTE [Element-wise maps in blocks]). One loop per way b lines up with a (same shape, a
+// scalar, rows of b, one b element per slice).
 #pragma once
 
 #include <algorithm>
@@ -23,162 +24,234 @@ void fill(T* out, T value, std::int64_t n) {
   std::fill_n(out, n, value);
 }
 
-// NOTE [16-bit blocks]
-// A loop that converts each element with the scalar Half conversion does not vectorise
-// (an F16C scalar intrinsic is a barrier to GCC's vectoriser), so the functor around it
-// runs scalar too: GELU over f16 was 8x slower than over bf16 and most of an FP16 step's
-// element-wise time. Converting kBlock elements at a time with the vector converters and
-// running the functor over float blocks makes the loop the same as the f32 one. The
-// converters give the bits of the scalar conversions, so the results are bitwise those of
-// the element-by-element loop (and bf16 takes the same path: one way for 16-bit storage).
-namespace float_blocks {
+// NOTE [Element-wise maps in blocks]
+// Two reasons the functor, not the dtypes, is what a map is compiled for:
+// - Speed. A loop that converts each element with the scalar Half conversion does not
+//   vectorise (GCC's vectoriser stops at the F16C scalar intrinsic), so the functor
+//   around it ran scalar too: GELU over f16 was 8x slower than over bf16, and most of an
+//   FP16 step's element-wise time. Converting kBlock elements at a time with the vector
+//   converters makes the functor's loop the f32 one for every dtype.
+// - Code size. Compiled per (functor, dtype of a, of b, of out), the 16 binary functors
+//   made 1,024 copies of every loop: 60% of the compiled mode's library code and of its
+//   compile time. Now each functor has one loop per accumulator type (float, or double
+//   when an operand is f64), and the conversions are shared by all functors.
+// The converters give the bits of the scalar conversions, and a double result is
+// narrowed as detail::narrow does (round to odd, then to 16 bits), so every result is
+// bitwise narrow<out>(op(widen(a), widen(b))), the element-by-element formula
+// (tests/backend/cpu/test_elementwise_blocks.cpp).
+
+/// \brief An element-wise operand: its data and its dtype, known at run time.
+struct Operand {
+  const void* data;
+  DType dtype;
+};
+/// \brief An element-wise result.
+struct Result {
+  void* data;
+  DType dtype;
+};
+
+namespace blocks {
 inline constexpr std::int64_t kBlock = 256;
 
-template <class... Ts>
-inline constexpr bool kBlocked =
-    (... || (std::is_same_v<Ts, Half> || std::is_same_v<Ts, BFloat16>)) && std::is_same_v<AccumulatorFor<Ts...>, float>;
-
-/// p[0, m) as floats: p itself, or widened into buf.
-template <class T>
-const float* floats(const T* p, std::int64_t m, float* buf) {
-  if constexpr (std::is_same_v<T, float>) {
-    return p;
-  } else {
-    widen_to_float(p, buf, static_cast<std::size_t>(m));
-    return buf;
-  }
-}
-/// Where a block of results goes: out itself when it is float, else buf (stored after).
-template <class T>
-float* results(T* out, float* buf) {
-  if constexpr (std::is_same_v<T, float>) return out;
-  else return buf;
-}
-template <class T>
-void store(const float* results, T* out, std::int64_t m) {
-  if constexpr (!std::is_same_v<T, float>) narrow_from_float(results, out, static_cast<std::size_t>(m));
+/// Accumulator type of a map over these dtypes: double if any is f64, else float.
+inline bool needs_double(DType a, DType b, DType out) {
+  return a == DType::F64 || b == DType::F64 || out == DType::F64;
 }
 
-/// out[0, n) = op(in[i]) in float blocks.
-template <class Op, class TIn, class TOut>
-void unary_span(Op op, const TIn* in, TOut* out, std::int64_t n) {
-  alignas(64) float x_buf[kBlock], y_buf[kBlock];
-  for (std::int64_t s = 0; s < n; s += kBlock) {
-    const std::int64_t m = std::min(kBlock, n - s);
-    const float* x = floats(in + s, m, x_buf);
-    float* y = results(out + s, y_buf);
-#pragma omp simd
-    for (std::int64_t i = 0; i < m; ++i) y[i] = op(x[i]);
-    store(y, out + s, m);
-  }
-}
-
-/// out[0, n) = op(a[i], b[i]), or op(a[i], b[0]) when `b_shared`, in float blocks.
-template <class Op, class TA, class TB, class TOut>
-void binary_span(Op op, const TA* a, const TB* b, bool b_shared, TOut* out, std::int64_t n) {
-  alignas(64) float a_buf[kBlock], b_buf[kBlock], y_buf[kBlock];
-  const float shared = b_shared ? static_cast<float>(trainmem::detail::widen(b[0])) : 0.0f;
-  for (std::int64_t s = 0; s < n; s += kBlock) {
-    const std::int64_t m = std::min(kBlock, n - s);
-    const float* x = floats(a + s, m, a_buf);
-    float* y = results(out + s, y_buf);
-    if (b_shared) {
-#pragma omp simd
-      for (std::int64_t i = 0; i < m; ++i) y[i] = op(x[i], shared);
-    } else {
-      const float* z = floats(b + s, m, b_buf);
-#pragma omp simd
-      for (std::int64_t i = 0; i < m; ++i) y[i] = op(x[i], z[i]);
+/// The m elements of `x` from `offset` as Acc: x's own memory when it is Acc already, else widened into buf.
+template <class Acc>
+const Acc* load(Operand x, std::int64_t offset, std::int64_t m, Acc* buf) {
+  if (x.dtype == dtype_of<Acc>()) return static_cast<const Acc*>(x.data) + offset;
+  const auto count = static_cast<std::size_t>(m);
+  switch (x.dtype) {
+    case DType::F16: {
+      const Half* p = static_cast<const Half*>(x.data) + offset;
+      if constexpr (std::is_same_v<Acc, float>) widen_to_float(p, buf, count);
+      else
+        for (std::size_t i = 0; i < count; ++i) buf[i] = static_cast<Acc>(static_cast<float>(p[i]));
+      break;
     }
-    store(y, out + s, m);
+    case DType::BF16: {
+      const BFloat16* p = static_cast<const BFloat16*>(x.data) + offset;
+      if constexpr (std::is_same_v<Acc, float>) widen_to_float(p, buf, count);
+      else
+        for (std::size_t i = 0; i < count; ++i) buf[i] = static_cast<Acc>(static_cast<float>(p[i]));
+      break;
+    }
+    default: {  // f32 into a double accumulator (f64 makes Acc double, so never the reverse)
+      const float* p = static_cast<const float*>(x.data) + offset;
+      for (std::size_t i = 0; i < count; ++i) buf[i] = static_cast<Acc>(p[i]);
+    }
+  }
+  return buf;
+}
+
+/// Where the results for out[offset, offset + m) are computed: out itself when it is Acc, else buf.
+template <class Acc>
+Acc* results(Result out, std::int64_t offset, Acc* buf) {
+  return out.dtype == dtype_of<Acc>() ? static_cast<Acc*>(out.data) + offset : buf;
+}
+
+/// Narrows results computed in buf into out[offset, offset + m) (nothing when out is Acc).
+template <class Acc>
+void store(const Acc* y, Result out, std::int64_t offset, std::int64_t m) {
+  if (out.dtype == dtype_of<Acc>()) return;
+  const auto count = static_cast<std::size_t>(m);
+  switch (out.dtype) {
+    case DType::F16: {
+      Half* p = static_cast<Half*>(out.data) + offset;
+      if constexpr (std::is_same_v<Acc, float>) narrow_from_float(y, p, count);
+      else
+        for (std::size_t i = 0; i < count; ++i) p[i] = trainmem::detail::narrow<Half>(y[i]);
+      break;
+    }
+    case DType::BF16: {
+      BFloat16* p = static_cast<BFloat16*>(out.data) + offset;
+      if constexpr (std::is_same_v<Acc, float>) narrow_from_float(y, p, count);
+      else
+        for (std::size_t i = 0; i < count; ++i) p[i] = trainmem::detail::narrow<BFloat16>(y[i]);
+      break;
+    }
+    default: {  // f32 from a double accumulator
+      float* p = static_cast<float*>(out.data) + offset;
+      for (std::size_t i = 0; i < count; ++i) p[i] = static_cast<float>(y[i]);
+    }
   }
 }
 
-/// The blocks of [0, n), over threads when `split`: span(begin, count).
+/// The functor's loops over accumulator blocks: the only code compiled per functor.
+template <class Op, class Acc>
+void unary_loop(const void* op, const Acc* x, Acc* y, std::int64_t m) {
+  const Op& f = *static_cast<const Op*>(op);
+#pragma omp simd
+  for (std::int64_t i = 0; i < m; ++i) y[i] = f(x[i]);
+}
+template <class Op, class Acc>
+void binary_loop(const void* op, const Acc* x, const Acc* z, bool z_shared, Acc* y, std::int64_t m) {
+  const Op& f = *static_cast<const Op*>(op);
+  if (z_shared) {
+    const Acc shared = z[0];
+#pragma omp simd
+    for (std::int64_t i = 0; i < m; ++i) y[i] = f(x[i], shared);
+  } else {
+#pragma omp simd
+    for (std::int64_t i = 0; i < m; ++i) y[i] = f(x[i], z[i]);
+  }
+}
+
+/// \brief A functor's loop and the functor it runs.
+template <class Acc>
+struct UnaryLoop {
+  void (*run)(const void*, const Acc*, Acc*, std::int64_t);
+  const void* op;
+};
+template <class Acc>
+struct BinaryLoop {
+  void (*run)(const void*, const Acc*, const Acc*, bool, Acc*, std::int64_t);
+  const void* op;
+};
+
+/// out[o, o + n) = op(in[i, i + n)), block by block (in one loop when nothing needs converting).
+template <class Acc>
+void unary_span(UnaryLoop<Acc> loop, Operand in, std::int64_t i, Result out, std::int64_t o, std::int64_t n) {
+  constexpr DType acc = dtype_of<Acc>();
+  if (in.dtype == acc && out.dtype == acc) {
+    loop.run(loop.op, static_cast<const Acc*>(in.data) + i, static_cast<Acc*>(out.data) + o, n);
+    return;
+  }
+  alignas(64) Acc x_buf[kBlock], y_buf[kBlock];
+  for (std::int64_t s = 0; s < n; s += kBlock) {
+    const std::int64_t m = std::min(kBlock, n - s);
+    Acc* y = results(out, o + s, y_buf);
+    loop.run(loop.op, load(in, i + s, m, x_buf), y, m);
+    store(y, out, o + s, m);
+  }
+}
+
+/// out[o, o + n) = op(a[i, i + n), b[j, j + n)), or op(a[i + k], b[j]) for each k when `b_shared`;
+/// block by block (in one loop when nothing needs converting).
+template <class Acc>
+void binary_span(BinaryLoop<Acc> loop, Operand a, std::int64_t i, Operand b, std::int64_t j, bool b_shared, Result out,
+                 std::int64_t o, std::int64_t n) {
+  constexpr DType acc = dtype_of<Acc>();
+  if (a.dtype == acc && b.dtype == acc && out.dtype == acc) {
+    loop.run(loop.op, static_cast<const Acc*>(a.data) + i, static_cast<const Acc*>(b.data) + j, b_shared,
+             static_cast<Acc*>(out.data) + o, n);
+    return;
+  }
+  alignas(64) Acc a_buf[kBlock], b_buf[kBlock], y_buf[kBlock];
+  Acc shared = 0;
+  if (b_shared) shared = *load(b, j, 1, b_buf);
+  for (std::int64_t s = 0; s < n; s += kBlock) {
+    const std::int64_t m = std::min(kBlock, n - s);
+    const Acc* x = load(a, i + s, m, a_buf);
+    const Acc* z = b_shared ? &shared : load(b, j + s, m, b_buf);
+    Acc* y = results(out, o + s, y_buf);
+    loop.run(loop.op, x, z, b_shared, y, m);
+    store(y, out, o + s, m);
+  }
+}
+
+/// span(begin, count) over [0, n) in chunks of several blocks, over threads when `split`.
 template <class Span>
-void for_blocks(std::int64_t n, bool split, Span&& span) {
+void for_chunks(std::int64_t n, bool split, Span&& span) {
   constexpr std::int64_t chunk = 16 * kBlock;  // a thread's share: several blocks
   parallel_for((n + chunk - 1) / chunk, split,
                [&](std::int64_t c) { span(c * chunk, std::min(chunk, n - c * chunk)); });
 }
-}  // namespace float_blocks
 
-template <class Op, class TIn, class TOut>
-void map_unary(Op op, const TIn* in, TOut* out, std::int64_t n) {
-  using Acc = AccumulatorFor<TIn, TOut>;
-  if constexpr (float_blocks::kBlocked<TIn, TOut>) {
-    float_blocks::for_blocks(n, n > kParallelGrain,
-                             [&](std::int64_t s, std::int64_t m) { float_blocks::unary_span(op, in + s, out + s, m); });
-  } else if (n > kParallelGrain) {  // both branches written out, each simd (NOTE [Parallel and SIMD])
-#pragma omp parallel for simd
-    for (std::int64_t i = 0; i < n; ++i) out[i] = detail::narrow<TOut>(op(static_cast<Acc>(detail::widen(in[i]))));
-  } else {
-#pragma omp simd
-    for (std::int64_t i = 0; i < n; ++i) out[i] = detail::narrow<TOut>(op(static_cast<Acc>(detail::widen(in[i]))));
+template <class Acc>
+void map_unary(UnaryLoop<Acc> loop, Operand in, Result out, std::int64_t n) {
+  for_chunks(n, n > kParallelGrain, [&](std::int64_t s, std::int64_t m) { unary_span(loop, in, s, out, s, m); });
+}
+
+template <class Acc>
+void map_binary(BinaryLoop<Acc> loop, Operand a, Operand b, Result out, const AxisView& view) {
+  const std::int64_t n = view.numel();
+  const bool split = n > kParallelGrain;
+  if (view.extent == 1) {  // same shape
+    for_chunks(n, split, [&](std::int64_t s, std::int64_t m) { binary_span(loop, a, s, b, s, false, out, s, m); });
+  } else if (view.outer == 1 && view.inner == 1) {  // b a scalar
+    for_chunks(n, split, [&](std::int64_t s, std::int64_t m) { binary_span(loop, a, s, b, 0, true, out, s, m); });
+  } else if (view.inner > 1) {  // each row of `inner` pairs with row r / extent of b (a bias: outer 1)
+    const std::int64_t cols = view.inner, extent = view.extent;
+    parallel_for(view.outer * extent, split, [&](std::int64_t r) {
+      binary_span(loop, a, r * cols, b, (r / extent) * cols, false, out, r * cols, cols);
+    });
+  } else {  // inner 1: the extent elements of slice o share b[o] (a column per row)
+    const std::int64_t extent = view.extent;
+    parallel_for(view.outer, split,
+                 [&](std::int64_t o) { binary_span(loop, a, o * extent, b, o, true, out, o * extent, extent); });
   }
+}
+}  // namespace blocks
+
+/// out = op(in) over n elements; in and out may differ in dtype (a cast is map(Identity)).
+template <class Op>
+void map_unary(const Op& op, Operand in, Result out, std::int64_t n) {
+  if (n <= kParallelGrain && in.dtype == DType::F32 && out.dtype == DType::F32) {  // as in map_binary
+    blocks::unary_loop<Op, float>(&op, static_cast<const float*>(in.data), static_cast<float*>(out.data), n);
+    return;
+  }
+  if (blocks::needs_double(in.dtype, in.dtype, out.dtype))
+    blocks::map_unary<double>({&blocks::unary_loop<Op, double>, &op}, in, out, n);
+  else blocks::map_unary<float>({&blocks::unary_loop<Op, float>, &op}, in, out, n);
 }
 
 /// out = op(a, b) where a is seen as `view` and b as its reduced partner [outer, inner]
 /// (core/axis_view.hpp): b has a's shape, is a scalar, a row, or a with one axis collapsed.
-template <class Op, class TA, class TB, class TOut>
-void map_binary(Op op, const TA* a, const TB* b, TOut* out, const AxisView& view) {
-  using Acc = AccumulatorFor<TA, TB, TOut>;
-  auto w = [](auto v) { return static_cast<Acc>(detail::widen(v)); };
-  const std::int64_t n = view.numel();
-  const bool parallel = n > kParallelGrain;
-  constexpr bool blocked = float_blocks::kBlocked<TA, TB, TOut>;
-  if (view.extent == 1) {  // same shape
-    if constexpr (blocked) {
-      float_blocks::for_blocks(n, parallel, [&](std::int64_t s, std::int64_t m) {
-        float_blocks::binary_span(op, a + s, b + s, false, out + s, m);
-      });
-    } else if (parallel) {
-#pragma omp parallel for simd
-      for (std::int64_t i = 0; i < n; ++i) out[i] = detail::narrow<TOut>(op(w(a[i]), w(b[i])));
-    } else {
-#pragma omp simd
-      for (std::int64_t i = 0; i < n; ++i) out[i] = detail::narrow<TOut>(op(w(a[i]), w(b[i])));
-    }
-  } else if (view.outer == 1 && view.inner == 1) {  // a scalar
-    const Acc scalar = w(b[0]);
-    if constexpr (blocked) {
-      float_blocks::for_blocks(n, parallel, [&](std::int64_t s, std::int64_t m) {
-        float_blocks::binary_span(op, a + s, b, true, out + s, m);
-      });
-    } else if (parallel) {
-#pragma omp parallel for simd
-      for (std::int64_t i = 0; i < n; ++i) out[i] = detail::narrow<TOut>(op(w(a[i]), scalar));
-    } else {
-#pragma omp simd
-      for (std::int64_t i = 0; i < n; ++i) out[i] = detail::narrow<TOut>(op(w(a[i]), scalar));
-    }
-  } else if (view.inner > 1) {  // each row of `inner` pairs with row r / extent of b (a bias: outer 1)
-    const std::int64_t rows = view.outer * view.extent, cols = view.inner, extent = view.extent;
-    auto row = [&](std::int64_t r) {
-      const TB* b_row = b + (r / extent) * cols;
-      if constexpr (blocked) {
-        float_blocks::binary_span(op, a + r * cols, b_row, false, out + r * cols, cols);
-      } else {
-#pragma omp simd
-        for (std::int64_t c = 0; c < cols; ++c)
-          out[r * cols + c] = detail::narrow<TOut>(op(w(a[r * cols + c]), w(b_row[c])));
-      }
-    };
-    parallel_for(rows, parallel, row);
-  } else {  // inner 1: the extent elements of slice o share b[o] (a column per row)
-    const std::int64_t extent = view.extent;
-    auto slice = [&](std::int64_t o) {
-      if constexpr (blocked) {
-        float_blocks::binary_span(op, a + o * extent, b + o, true, out + o * extent, extent);
-      } else {
-        const Acc shared = w(b[o]);
-#pragma omp simd
-        for (std::int64_t e = 0; e < extent; ++e)
-          out[o * extent + e] = detail::narrow<TOut>(op(w(a[o * extent + e]), shared));
-      }
-    };
-    parallel_for(view.outer, parallel, slice);
+template <class Op>
+void map_binary(const Op& op, Operand a, Operand b, Result out, const AxisView& view) {
+  if (view.extent == 1 && view.numel() <= kParallelGrain && a.dtype == DType::F32 && b.dtype == DType::F32 &&
+      out.dtype == DType::F32) {  // the commonest small map, called without indirection (op entry cost)
+    blocks::binary_loop<Op, float>(&op, static_cast<const float*>(a.data), static_cast<const float*>(b.data), false,
+                                   static_cast<float*>(out.data), view.numel());
+    return;
   }
+  if (blocks::needs_double(a.dtype, b.dtype, out.dtype))
+    blocks::map_binary<double>({&blocks::binary_loop<Op, double>, &op}, a, b, out, view);
+  else blocks::map_binary<float>({&blocks::binary_loop<Op, float>, &op}, a, b, out, view);
 }
 
 }  // namespace trainmem::cpu::kernels
