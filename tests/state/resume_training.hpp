@@ -13,6 +13,8 @@
 
 #include <trainmem/trainmem.hpp>
 
+#include "test_data.hpp"
+
 namespace resume {
 
 namespace tmem = trainmem;
@@ -46,13 +48,13 @@ struct Run {
     tape.manual_seed(1234);
   }
 
-  /// The batch of step `k`: inputs and labels from a counter-based stream.
+  /// The batch of step `k`: inputs and labels from a stream seeded by k (the data
+  /// position is all a resume needs to know to continue the data order).
   static std::pair<std::vector<double>, std::vector<double>> batch(std::int64_t k) {
-    const tmem::RngState s{99, static_cast<std::uint64_t>(k) * 4096};
+    trainmem::testing::SplitMix64 rng(99 + static_cast<std::uint64_t>(k));
     std::vector<double> x(kBatch * kIn), y(kBatch);
-    for (std::size_t i = 0; i < x.size(); ++i) x[i] = 2.0 * tmem::detail::random_uniform(s, i) - 1.0;
-    for (std::size_t i = 0; i < y.size(); ++i)
-      y[i] = static_cast<double>(tmem::detail::random_bits(s, 1000 + i) % kClasses);
+    for (double& v : x) v = 2.0 * rng.uniform() - 1.0;
+    for (double& v : y) v = static_cast<double>(rng.next() % kClasses);
     return {x, y};
   }
 
