@@ -12,7 +12,6 @@
 
 #include <cstddef>
 #include <cstring>
-#include <initializer_list>
 #include <optional>
 #include <span>
 
@@ -131,7 +130,7 @@ class Backend : public FusedUpdate<Backend> {
   /// out = op(in), element-wise; in and out may differ in dtype (a cast is map(Identity)).
   template <class Op>
   void map(Op op, const TensorT& in, const TensorT& out) {
-    expect_floating_map(in, in, out);
+    expect_floating_map(in, out);
     kernels::map_unary(op, {in.data(), in.dtype()}, {out.data(), out.dtype()}, in.numel());
   }
 
@@ -318,9 +317,9 @@ class Backend : public FusedUpdate<Backend> {
 
  private:
   /// Element-wise maps take floating dtypes only (in any mix).
-  static void expect_floating_map(const TensorT& a, const TensorT& b, const TensorT& out) {
-    for (const TensorT* t : {&a, &b, &out})
-      detail::check(is_floating(t->dtype()), "map: expected a floating dtype, got ", t->dtype());
+  template <class... Ts>
+  static void expect_floating_map(const Ts&... tensors) {
+    (detail::check(is_floating(tensors.dtype()), "map: expected a floating dtype, got ", tensors.dtype()), ...);
   }
   /// The ops give A and B their compute dtype, and f64 only meets f64.
   static void expect_gemm_dtypes(const TensorT& a, const TensorT& b, const TensorT& c) {

@@ -55,35 +55,21 @@ namespace blocks {
 inline constexpr std::int64_t kBlock = 256;
 
 /// Accumulator type of a map over these dtypes: double if any is f64, else float.
-inline bool needs_double(DType a, DType b, DType out) {
-  return a == DType::F64 || b == DType::F64 || out == DType::F64;
+template <class... Ds>
+bool needs_double(Ds... dtypes) {
+  return ((dtypes == DType::F64) || ...);
 }
 
 /// The m elements of `x` from `offset` as Acc: x's own memory when it is Acc already, else widened into buf.
 template <class Acc>
 const Acc* load(Operand x, std::int64_t offset, std::int64_t m, Acc* buf) {
   if (x.dtype == dtype_of<Acc>()) return static_cast<const Acc*>(x.data) + offset;
-  const auto count = static_cast<std::size_t>(m);
-  switch (x.dtype) {
-    case DType::F16: {
-      const Half* p = static_cast<const Half*>(x.data) + offset;
-      if constexpr (std::is_same_v<Acc, float>) widen_to_float(p, buf, count);
-      else
-        for (std::size_t i = 0; i < count; ++i) buf[i] = static_cast<Acc>(static_cast<float>(p[i]));
-      break;
-    }
-    case DType::BF16: {
-      const BFloat16* p = static_cast<const BFloat16*>(x.data) + offset;
-      if constexpr (std::is_same_v<Acc, float>) widen_to_float(p, buf, count);
-      else
-        for (std::size_t i = 0; i < count; ++i) buf[i] = static_cast<Acc>(static_cast<float>(p[i]));
-      break;
-    }
-    default: {  // f32 into a double accumulator (f64 makes Acc double, so never the reverse)
-      const float* p = static_cast<const float*>(x.data) + offset;
-      for (std::size_t i = 0; i < count; ++i) buf[i] = static_cast<Acc>(p[i]);
-    }
-  }
+  visit_floating(x.dtype, "map", [&]<class T>() {
+    const T* p = static_cast<const T*>(x.data) + offset;
+    if constexpr (std::is_same_v<Acc, float>) widen_to_float(p, buf, static_cast<std::size_t>(m));
+    else
+      for (std::int64_t i = 0; i < m; ++i) buf[i] = static_cast<Acc>(trainmem::detail::widen(p[i]));
+  });
   return buf;
 }
 
@@ -97,27 +83,12 @@ Acc* results(Result out, std::int64_t offset, Acc* buf) {
 template <class Acc>
 void store(const Acc* y, Result out, std::int64_t offset, std::int64_t m) {
   if (out.dtype == dtype_of<Acc>()) return;
-  const auto count = static_cast<std::size_t>(m);
-  switch (out.dtype) {
-    case DType::F16: {
-      Half* p = static_cast<Half*>(out.data) + offset;
-      if constexpr (std::is_same_v<Acc, float>) narrow_from_float(y, p, count);
-      else
-        for (std::size_t i = 0; i < count; ++i) p[i] = trainmem::detail::narrow<Half>(y[i]);
-      break;
-    }
-    case DType::BF16: {
-      BFloat16* p = static_cast<BFloat16*>(out.data) + offset;
-      if constexpr (std::is_same_v<Acc, float>) narrow_from_float(y, p, count);
-      else
-        for (std::size_t i = 0; i < count; ++i) p[i] = trainmem::detail::narrow<BFloat16>(y[i]);
-      break;
-    }
-    default: {  // f32 from a double accumulator
-      float* p = static_cast<float*>(out.data) + offset;
-      for (std::size_t i = 0; i < count; ++i) p[i] = static_cast<float>(y[i]);
-    }
-  }
+  visit_floating(out.dtype, "map", [&]<class T>() {
+    T* p = static_cast<T*>(out.data) + offset;
+    if constexpr (std::is_same_v<Acc, float>) narrow_from_float(y, p, static_cast<std::size_t>(m));
+    else
+      for (std::int64_t i = 0; i < m; ++i) p[i] = trainmem::detail::narrow<T>(y[i]);
+  });
 }
 
 /// The functor's loops over accumulator blocks: the only code compiled per functor.
@@ -234,7 +205,7 @@ void map_unary(const Op& op, Operand in, Result out, std::int64_t n) {
     blocks::unary_loop<Op, float>(&op, static_cast<const float*>(in.data), static_cast<float*>(out.data), n);
     return;
   }
-  if (blocks::needs_double(in.dtype, in.dtype, out.dtype))
+  if (blocks::needs_double(in.dtype, out.dtype))
     blocks::map_unary<double>({&blocks::unary_loop<Op, double>, &op}, in, out, n);
   else blocks::map_unary<float>({&blocks::unary_loop<Op, float>, &op}, in, out, n);
 }
