@@ -131,6 +131,47 @@ TEST_CASE("linear: y = x W^T + b, with and without bias, on a rank-3 x", "[ops][
   CHECK(linear(tape.input(x), tape.input(w)).shape() == Shape{2, 3, out});
 }
 
+TEST_CASE("feed_forward: linear, GELU, linear as one op, biases present or not, both GELUs", "[ops][grad][matmul]") {
+  const bool with_biases = GENERATE(false, true);
+  const auto approximation = GENERATE(GeluApproximation::Tanh, GeluApproximation::Erf);
+  INFO("biases " << with_biases << ", tanh GELU " << (approximation == GeluApproximation::Tanh));
+  const std::int64_t rows = 6, dim = 4, hidden = 7, out = 3;
+  const T x = f64(Shape{2, 3, dim}, 21, -2, 2), w1 = f64(Shape{hidden, dim}, 22), b1 = f64(Shape{hidden}, 23);
+  const T w2 = f64(Shape{out, hidden}, 24), b2 = f64(Shape{out}, 25);
+  const auto xv = host(x), w1v = host(w1), b1v = host(b1), w2v = host(w2), b2v = host(b2);
+  const double pi = std::acos(-1.0);
+  const auto gelu_ref = [&](double z) {
+    return approximation == GeluApproximation::Tanh
+               ? 0.5 * z * (1 + std::tanh(std::sqrt(2 / pi) * (z + 0.044715 * z * z * z)))
+               : 0.5 * z * (1 + std::erf(z / std::sqrt(2.0)));
+  };
+  std::vector<double> expected(rows * out);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    std::vector<double> h(hidden);
+    for (std::int64_t j = 0; j < hidden; ++j) {
+      double z = with_biases ? b1v[j] : 0.0;
+      for (std::int64_t i = 0; i < dim; ++i) z += xv[r * dim + i] * w1v[j * dim + i];
+      h[j] = gelu_ref(z);
+    }
+    for (std::int64_t o = 0; o < out; ++o) {
+      double y = with_biases ? b2v[o] : 0.0;
+      for (std::int64_t j = 0; j < hidden; ++j) y += h[j] * w2v[o * hidden + j];
+      expected[r * out + o] = y;
+    }
+  }
+  const std::vector<T> inputs = with_biases ? std::vector<T>{x, w1, w2, b1, b2} : std::vector<T>{x, w1, w2};
+  check_op(
+      [&](Tape<B>&, const Vars& v) {
+        return with_biases ? feed_forward(v[0], v[1], v[3], v[2], v[4], approximation)
+                           : feed_forward(v[0], v[1], V(), v[2], V(), approximation);
+      },
+      inputs, expected);
+  Tape<B> tape;
+  CHECK(feed_forward(tape.input(x), tape.input(w1), V(), tape.input(w2), V()).shape() == Shape{2, 3, out});
+  CHECK_THROWS_WITH(feed_forward(tape.input(x), tape.input(w2), V(), tape.input(w1), V()),
+                    Catch::Contains("feed_forward") && Catch::Contains("do not chain"));
+}
+
 TEST_CASE("add, sub, mul: same shape, row, column, one collapsed axis and scalar b", "[ops][grad][elementwise]") {
   struct Case {
     Shape a, b;

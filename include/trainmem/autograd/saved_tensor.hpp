@@ -11,10 +11,16 @@
 // A saved tensor remembers the version of its storage. If the storage was written in
 // place after the save (an optimizer step, a user's copy_from), unpack throws instead
 // of handing backward a value that is not the one forward used.
+//
+// An op that needs the f32 widening of a 16-bit input (an FP32-category op under
+// autocast: layer norm, cross-entropy) saves the 16-bit original with `widened_to`:
+// widening is exact, so unpack widens again and backward sees the same bits, while the
+// step keeps half the bytes.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -87,6 +93,13 @@ class SavedTensor {
     return saved;
   }
 
+  /// This saved tensor, handed back by unpack in `dtype`: for a narrower original of a
+  /// tensor an op used widened (exact, so backward sees the same values).
+  SavedTensor widened_to(DType dtype) && {
+    unpack_as_ = dtype;
+    return std::move(*this);
+  }
+
   bool defined() const { return kept_ != nullptr || unpacker_ != nullptr; }
   const Shape& shape() const { return shape_; }
   DType dtype() const { return dtype_; }
@@ -100,8 +113,8 @@ class SavedTensor {
                     ": a tensor saved for backward was modified in place after it was saved (version ", version_,
                     " at save, ", storage->version(), " now); backward would use the wrong value");
     }
-    if (kept_) return kept_->tensor();
-    return unpacker_->unpack(slot_, *this);
+    const Tensor<B> value = kept_ ? kept_->tensor() : unpacker_->unpack(slot_, *this);
+    return unpack_as_ ? value.to(*unpack_as_) : value;
   }
 
  private:
@@ -121,6 +134,7 @@ class SavedTensor {
   std::shared_ptr<const SavedRef<B>> kept_;
   std::shared_ptr<Unpacker<B>> unpacker_;
   std::int64_t slot_ = -1;
+  std::optional<DType> unpack_as_;  // set by widened_to
   std::weak_ptr<Storage<B>> storage_;
   std::uint64_t version_ = 0;
 };

@@ -16,6 +16,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "trainmem/autograd/node.hpp"
 #include "trainmem/autograd/saved_tensor.hpp"
@@ -47,6 +48,22 @@ struct VarImpl {
   std::int64_t op_index = -1;              // ... and the producing op's ordinal under it
   std::string name;
 
+  /// `value` in `dtype` for an op under autocast: one cast, shared by every op that
+  /// casts this value to `dtype` while one of them still keeps it (three projections of
+  /// one activation save one bf16 copy, not three). The memo holds the casts weakly, so
+  /// it keeps no bytes alive; an in-place write to the value makes it cast again.
+  Tensor<B> cast_to(DType dtype) const {
+    for (const CastMemo& m : casts)
+      if (m.dtype == dtype && m.source_version == value.version()) {
+        Tensor<B> cast = m.cast.lock();
+        if (cast.defined() && cast.version() == m.cast_version) return cast;
+      }
+    Tensor<B> cast = value.to(dtype);
+    std::erase_if(casts, [&](const CastMemo& m) { return m.dtype == dtype || !m.cast.lock().defined(); });
+    casts.push_back(CastMemo{dtype, value.version(), typename Tensor<B>::Weak(cast), cast.version()});
+    return cast;
+  }
+
   /// The tape (null for a parameter), after checking it was neither cleared nor destroyed
   /// since this Var was made; `who` names the caller in the error.
   Tape<B>* checked_tape(std::string_view who) const {
@@ -59,6 +76,15 @@ struct VarImpl {
                   " was made before its tape was cleared (tape.clear() freed its graph); make it again in this step");
     return tape;
   }
+
+ private:
+  struct CastMemo {
+    DType dtype;
+    std::uint64_t source_version;
+    typename Tensor<B>::Weak cast;
+    std::uint64_t cast_version;
+  };
+  mutable std::vector<CastMemo> casts;
 };
 
 /// \brief A tensor value in the autograd graph.

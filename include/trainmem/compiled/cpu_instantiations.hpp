@@ -91,6 +91,9 @@ TRAINMEM_INSTANTIATE Var<cpu::Backend> matmul(const Var<cpu::Backend>&, const Va
 TRAINMEM_INSTANTIATE Var<cpu::Backend> bmm(const Var<cpu::Backend>&, const Var<cpu::Backend>&, bool, bool);
 TRAINMEM_INSTANTIATE Var<cpu::Backend> linear(const Var<cpu::Backend>&, const Var<cpu::Backend>&,
                                               const Var<cpu::Backend>&);
+TRAINMEM_INSTANTIATE Var<cpu::Backend> feed_forward(const Var<cpu::Backend>&, const Var<cpu::Backend>&,
+                                                    const Var<cpu::Backend>&, const Var<cpu::Backend>&,
+                                                    const Var<cpu::Backend>&, GeluApproximation);
 TRAINMEM_INSTANTIATE Var<cpu::Backend> layer_norm(const Var<cpu::Backend>&, const Var<cpu::Backend>&,
                                                   const Var<cpu::Backend>&, double);
 TRAINMEM_INSTANTIATE Var<cpu::Backend> rms_norm(const Var<cpu::Backend>&, const Var<cpu::Backend>&, double);

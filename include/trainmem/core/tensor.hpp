@@ -217,6 +217,24 @@ class Tensor {
 
   bool same_storage(const Tensor& other) const { return storage_ == other.storage_; }
 
+  /// \brief A handle that does not keep the bytes alive: `lock()` is the tensor while
+  /// something else keeps its storage, undefined once nothing does.
+  class Weak {
+   public:
+    Weak() = default;
+    explicit Weak(const Tensor& t) : storage_(t.storage_), offset_(t.offset_), shape_(t.shape_), dtype_(t.dtype_) {}
+    Tensor lock() const {
+      std::shared_ptr<Storage<B>> storage = storage_.lock();
+      return storage ? Tensor(std::move(storage), offset_, shape_, dtype_) : Tensor();
+    }
+
+   private:
+    std::weak_ptr<Storage<B>> storage_;
+    std::size_t offset_ = 0;
+    Shape shape_;
+    DType dtype_ = DType::F32;
+  };
+
  private:
   Tensor(std::shared_ptr<Storage<B>> storage, std::size_t offset, Shape shape, DType dtype)
       : storage_(std::move(storage)), offset_(offset), shape_(std::move(shape)), dtype_(dtype) {}

@@ -112,6 +112,53 @@ Var<B> bmm(const Var<B>& a, const Var<B>& b, bool trans_a = false, bool trans_b 
   return detail::matmul_impl(info, a, b, trans_a, trans_b, batch, m, n, ka, Shape{batch, m, n});
 }
 
+namespace detail {
+
+/// y = x W^T + b over the rows of x (b may be undefined), in `dtype`: linear's forward.
+template <class B>
+Tensor<B> linear_forward(const Tensor<B>& x, const Tensor<B>& w, const Tensor<B>& b, const Shape& y_shape,
+                         DType dtype) {
+  B& backend = x.backend();
+  const std::int64_t rows = x.rows(), in = w.shape()[1], out = w.shape()[0];
+  Tensor<B> y = new_tensor(backend, y_shape, dtype);
+  if constexpr (HasGemmBias<B>) {
+    // The bias joins the FP32 accumulator, so y is rounded once, not twice.
+    if (b.defined()) {
+      backend.gemm_bias(gemm_args(false, true, 1, rows, out, in), x, w, b, y, false);
+      return y;
+    }
+  }
+  gemm(x, false, w, true, y, 1, rows, out, in);
+  if (b.defined()) backend.map(math::Add{}, y, b, y);
+  return y;
+}
+
+/// linear's backward from dy: grads[0] = dx (of shape x_shape, needs w), grads[1] = dW
+/// (needs x), grads[2] = db, each only where asked.
+template <class B>
+void linear_backward(const Tensor<B>& dy, const Shape& x_shape, const Tensor<B>& w, const Tensor<B>& x, bool need_x,
+                     bool need_w, bool need_b, Grads<B>& grads) {
+  B& backend = dy.backend();
+  const std::int64_t rows = dy.rows(), out = dy.cols(), in = x_shape.back();
+  if (need_x) {
+    Tensor<B> dx = new_tensor(backend, x_shape, dy.dtype());
+    gemm(dy, false, w, false, dx, 1, rows, in, out);
+    grads[0] = dx;
+  }
+  if (need_w) {
+    Tensor<B> dw = new_tensor(backend, Shape{out, in}, dy.dtype());
+    gemm(dy, true, x, false, dw, 1, out, in, rows);
+    grads[1] = dw;
+  }
+  if (need_b) {
+    Tensor<B> db = new_tensor(backend, Shape{out}, dy.dtype());
+    backend.sum_rows(dy, db);
+    grads[2] = db;
+  }
+}
+
+}  // namespace detail
+
 /// y = x W^T + b with x [..., in], W [out, in], b [out] (or undefined): PyTorch's layout.
 template <class B>
 Var<B> linear(const Var<B>& x, const Var<B>& weight, const Var<B>& bias = Var<B>()) {
@@ -139,38 +186,13 @@ Var<B> linear(const Var<B>& x, const Var<B>& weight, const Var<B>& bias = Var<B>
   const bool need_x = rec.needs_grad(0), need_w = rec.needs_grad(1), need_b = has_bias && rec.needs_grad(2);
   SavedTensor<B> saved_x = need_w ? rec.save(tx) : SavedTensor<B>();
   SavedTensor<B> saved_w = need_x ? rec.save(tw) : SavedTensor<B>();
-  auto out = rec.compute([&] {
-    Tensor<B> y = new_tensor(rec.backend(), out_shape, dtype);
-    if constexpr (HasGemmBias<B>) {
-      // The bias joins the FP32 accumulator, so y is rounded once, not twice.
-      if (has_bias) {
-        rec.backend().gemm_bias(detail::gemm_args(false, true, 1, rows, out_features, in), tx, tw, tb, y, false);
-        return std::vector<Tensor<B>>{y};
-      }
-    }
-    detail::gemm(tx, false, tw, true, y, 1, rows, out_features, in);
-    if (has_bias) rec.backend().map(math::Add{}, y, tb, y);
-    return std::vector<Tensor<B>>{y};
-  });
-  const Shape x_shape = x.shape(), w_shape = weight.shape();
+  auto out = rec.compute(
+      [&] { return std::vector<Tensor<B>>{detail::linear_forward(tx, tw, tb, out_shape, dtype)}; });
+  const Shape x_shape = x.shape();
   return rec.finish(out[0], [=](const Grads<B>& g) {
-    const Tensor<B> dy = g[0];
     Grads<B> grads(has_bias ? 3 : 2);
-    if (need_x) {
-      Tensor<B> dx = new_tensor(dy.backend(), x_shape, dy.dtype());
-      detail::gemm(dy, false, saved_w.unpack(), false, dx, 1, rows, in, out_features);
-      grads[0] = dx;
-    }
-    if (need_w) {
-      Tensor<B> dw = new_tensor(dy.backend(), w_shape, dy.dtype());
-      detail::gemm(dy, true, saved_x.unpack(), false, dw, 1, out_features, in, rows);
-      grads[1] = dw;
-    }
-    if (need_b) {
-      Tensor<B> db = new_tensor(dy.backend(), Shape{out_features}, dy.dtype());
-      dy.backend().sum_rows(dy, db);
-      grads[2] = db;
-    }
+    detail::linear_backward(g[0], x_shape, need_x ? saved_w.unpack() : Tensor<B>(),
+                            need_w ? saved_x.unpack() : Tensor<B>(), need_x, need_w, need_b, grads);
     return grads;
   });
 }

@@ -4,7 +4,9 @@
 // An op validates its arguments, then builds an OpRecorder from its OpInfo and input
 // Vars. The recorder is the single seam for three concerns, so no op handles them:
 //  - autocast: `compute_dtype()` comes from the thread's autocast state and the op's
-//    category; `input(i)` is input i cast to it (parameters through the cast cache);
+//    category; `input(i)` is input i cast to it (parameters through the cast cache,
+//    activations through their Var's memo, so ops casting one value share one copy);
+//    a widened input is saved as its narrower original (exact, fewer bytes);
 //  - checkpointing: under a region's SaveHook, `compute(f)` may hand back outputs the
 //    region kept instead of running f, and `save(t)` packs through the hook;
 //  - autograd: `finish(output, backward)` records a Node whose edges route each
@@ -85,7 +87,7 @@ class OpRecorder {
       if (v.tape() == nullptr && v.requires_grad()) {
         cast_[i] = amp::CastCache<B>::instance().get(value, compute_dtype_);
       } else {
-        cast_[i] = value.to(compute_dtype_);
+        cast_[i] = v.impl().cast_to(compute_dtype_);
       }
     }
     return *cast_[i];
@@ -104,10 +106,12 @@ class OpRecorder {
   }
 
   /// Keeps `tensor` for backward through the saved-tensor seam (nothing when not recording).
+  /// An input this recorder widened is kept as its narrower original, widened again at
+  /// unpack (exact, so backward sees the same values in half the bytes or less).
   SavedTensor<B> save(const Tensor<B>& tensor) {
     if (!records_) return {};
-    if (hook_ != nullptr) return hook_->pack(tensor, SaveInfo{&op_, op_index_, tensor.bytes(), flops_});
-    return SavedTensor<B>::keep(tensor, op_.name);
+    if (const Tensor<B>* original = narrower_original(tensor)) return pack(*original).widened_to(tensor.dtype());
+    return pack(tensor);
   }
 
   /// The output Var; records a Node with `backward` when recording.
@@ -145,6 +149,22 @@ class OpRecorder {
   }
 
  private:
+  SavedTensor<B> pack(const Tensor<B>& tensor) {
+    if (hook_ != nullptr) return hook_->pack(tensor, SaveInfo{&op_, op_index_, tensor.bytes(), flops_});
+    return SavedTensor<B>::keep(tensor, op_.name);
+  }
+
+  /// The activation input whose widening (a cast made here, not a parameter's cached
+  /// copy) `tensor` is; null when it is none.
+  const Tensor<B>* narrower_original(const Tensor<B>& tensor) const {
+    for (std::size_t i = 0; i < cast_.size(); ++i) {
+      if (!cast_[i] || cast_[i]->data() != tensor.data() || cast_[i]->shape() != tensor.shape()) continue;
+      const VarImpl<B>& v = inputs_[i].impl();
+      if (v.tape != nullptr && size_of(v.value.dtype()) < size_of(tensor.dtype())) return &v.value;
+    }
+    return nullptr;
+  }
+
   const OpInfo& op_;
   std::vector<Var<B>> inputs_;
   double flops_;
