@@ -159,8 +159,8 @@ TEST_CASE("feed_forward: the three ops' values and gradients bit for bit, withou
     tmem::Tape<B> tape;
     const V x = tape.input(x0, true);
     const std::int64_t before = saved_bytes();
-    const V y = fused ? tmem::feed_forward(x, w1, b1, w2, b2)
-                      : tmem::linear(tmem::gelu(tmem::linear(x, w1, b1)), w2, b2);
+    const V y =
+        fused ? tmem::feed_forward(x, w1, b1, w2, b2) : tmem::linear(tmem::gelu(tmem::linear(x, w1, b1)), w2, b2);
     // x (in the compute dtype; in f32 it is the caller's tensor, counted as saved too), z, and h when unfused
     CHECK(saved_bytes() - before == rows * (dim + (fused ? hidden : 2 * hidden)) * elem);
     tmem::sum(tmem::mul(y, y)).backward();

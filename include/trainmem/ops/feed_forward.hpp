@@ -36,8 +36,8 @@ Tensor<B> gelu_backward_of(const Tensor<B>& dh, const Tensor<B>& z, GeluApproxim
 /// linear(gelu(linear(x, w_up, b_up)), w_down, b_down) with x [..., dim], w_up [hidden, dim],
 /// w_down [dim_out, hidden]; either bias may be undefined. Keeps x and the pre-activation.
 template <class B>
-Var<B> feed_forward(const Var<B>& x, const Var<B>& w_up, const Var<B>& b_up, const Var<B>& w_down,
-                    const Var<B>& b_down, GeluApproximation approximation = GeluApproximation::Tanh) {
+Var<B> feed_forward(const Var<B>& x, const Var<B>& w_up, const Var<B>& b_up, const Var<B>& w_down, const Var<B>& b_down,
+                    GeluApproximation approximation = GeluApproximation::Tanh) {
   const auto& op = detail::kFeedForwardOp;
   detail::require_floating(op, x, "x");
   detail::require_floating(op, w_up, "w_up");
@@ -51,8 +51,8 @@ Var<B> feed_forward(const Var<B>& x, const Var<B>& w_up, const Var<B>& b_up, con
     detail::check(b_up.shape() == Shape{w_up.shape()[0]}, "feed_forward: b_up ", b_up.shape(), " should be [",
                   w_up.shape()[0], "]");
   if (has_b_down)
-    detail::check(b_down.shape() == Shape{w_down.shape()[0]}, "feed_forward: b_down ", b_down.shape(),
-                  " should be [", w_down.shape()[0], "]");
+    detail::check(b_down.shape() == Shape{w_down.shape()[0]}, "feed_forward: b_down ", b_down.shape(), " should be [",
+                  w_down.shape()[0], "]");
   const std::int64_t rows = x.value().rows(), dim = w_up.shape()[1], hidden = w_up.shape()[0];
   const std::int64_t out_features = w_down.shape()[0];
   auto dims = x.shape().dims();
@@ -66,8 +66,9 @@ Var<B> feed_forward(const Var<B>& x, const Var<B>& w_up, const Var<B>& b_up, con
   if (has_b_up) inputs.push_back(b_up);
   if (has_b_down) inputs.push_back(b_down);
   const std::size_t i_b_up = 3, i_b_down = has_b_up ? 4 : 3;
-  OpRecorder<B> rec(op, inputs, 2.0 * static_cast<double>(rows) * static_cast<double>(hidden) *
-                                    static_cast<double>(dim + out_features));
+  OpRecorder<B> rec(
+      op, inputs,
+      2.0 * static_cast<double>(rows) * static_cast<double>(hidden) * static_cast<double>(dim + out_features));
   const DType dtype = rec.compute_dtype();
   const Tensor<B> tx = rec.input(0), tw_up = rec.input(1), tw_down = rec.input(2);
   const Tensor<B> tb_up = has_b_up ? rec.input(i_b_up) : Tensor<B>();
