@@ -5,6 +5,7 @@
 // op, the shapes and what was expected.
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "error_matchers.hpp"
@@ -104,6 +105,66 @@ TEST_CASE("A leaf that requires grad can be the root", "[autograd]") {
   const auto x = tape.input(f64(Shape{}, {2.0}, be), true, "x");
   tape.backward(x);
   check_close(x.grad().to_host<double>(), {1.0});
+}
+
+TEST_CASE("A grad-ready hook runs once, as soon as backward has made the leaf's gradient final", "[autograd]") {
+  B be;
+  const std::vector<double> xv = {0.5, -1.0, 0.25, 2.0, -0.75, 1.5};
+  const std::vector<double> w1v = {0.2, -0.4, 0.1, 0.3, 0.5, -0.6, -0.1, 0.7, 0.2}, w2v = {1.0, -2.0, 0.5};
+  const auto w1 = Var<B>::parameter(f64(Shape{3, 3}, w1v, be), "w1");
+  const auto w2 = Var<B>::parameter(f64(Shape{3, 1}, w2v, be), "w2");
+  const auto unused = Var<B>::parameter(f64(Shape{3, 1}, w2v, be), "unused");
+  std::vector<std::string> fired;
+  std::vector<double> w1_at_hook;
+  w1.set_grad_ready_hook([&] {
+    fired.push_back("w1");
+    w1_at_hook = w1.grad().to_host<double>();
+  });
+  w2.set_grad_ready_hook([&] { fired.push_back("w2"); });
+  unused.set_grad_ready_hook([&] { fired.push_back("unused"); });
+  {
+    Tape<B> tape(be);
+    const auto x = tape.input(f64(Shape{2, 3}, xv, be));
+    const auto h = tanh(matmul(x, w1));  // w1's first use: its last contribution comes last
+    matmul(x, unused);                   // on the tape, not reached from the root
+    // loss = sum(h w2) + sum(w1 * c), c = w1's values as data: w1's second use is
+    // recorded after w2's only one.
+    tape.backward(add(sum(matmul(h, w2)), sum(mul(w1, tape.input(f64(Shape{3, 3}, w1v, be))))));
+  }
+  // w2 is final before w1's first use runs backward; the unreached leaf is never told.
+  REQUIRE(fired == std::vector<std::string>{"w2", "w1"});
+  CHECK_FALSE(unused.grad().defined());
+  // What the hook saw is the final gradient: x^T ((1 - h^2) w2^T) + c, worked out here.
+  std::vector<double> want(9);
+  for (std::size_t i = 0; i < 3; ++i)
+    for (std::size_t j = 0; j < 3; ++j) {
+      double g = w1v[i * 3 + j];
+      for (std::size_t r = 0; r < 2; ++r) {
+        double a = 0;
+        for (std::size_t k = 0; k < 3; ++k) a += xv[r * 3 + k] * w1v[k * 3 + j];
+        g += xv[r * 3 + i] * (1 - std::tanh(a) * std::tanh(a)) * w2v[j];
+      }
+      want[i * 3 + j] = g;
+    }
+  check_close(w1_at_hook, want);
+  check_close(w1.grad().to_host<double>(), want);
+
+  CHECK_THROWS_MATCHES(w2.set_grad_ready_hook([] {}), Error, ErrorContains("'w2' has a grad-ready hook already"));
+  w2.set_grad_ready_hook({});
+  CHECK_FALSE(w2.has_grad_ready_hook());
+  fired.clear();
+  {
+    Tape<B> tape(be);
+    tape.backward(sum(matmul(matmul(tape.input(f64(Shape{2, 3}, xv, be)), w1), w2)));  // w2's hook is gone
+  }
+  CHECK(fired == std::vector<std::string>{"w1"});
+
+  Tape<B> tape(be);
+  const auto leaf = tape.input(f64(Shape{}, {2.0}, be), true, "leaf");
+  int leaf_fired = 0;
+  leaf.set_grad_ready_hook([&] { ++leaf_fired; });
+  tape.backward(leaf);  // the root is the leaf itself
+  CHECK(leaf_fired == 1);
 }
 
 TEST_CASE("Backward of a non-scalar without a seed throws", "[autograd][errors]") {

@@ -20,10 +20,12 @@ namespace trainmem {
 template <class B>
 struct Node;
 
-/// \brief The gradient of a leaf (a parameter, or an input that requires grad).
+/// \brief The gradient of a leaf (a parameter, or an input that requires grad), and
+/// what to call once a backward has made it final (Var::set_grad_ready_hook).
 template <class B>
 struct GradSlot {
   Tensor<B> grad;
+  std::function<void()> on_ready;
 };
 
 /// \brief Where one input's gradient goes.

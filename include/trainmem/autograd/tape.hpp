@@ -10,10 +10,22 @@
 // dropout draws from, and the stack of SaveHooks that checkpoint regions push (one
 // `HookScope` each, so a throwing fn cannot leave a hook behind). A region's recompute
 // records its nodes into a scratch list (`RecordInto`), never onto the tape.
+//
+// NOTE [When a leaf's gradient is final]
+// A leaf with a grad-ready hook (Var::set_grad_ready_hook) is told the moment backward
+// has made its gradient final, so data parallelism can send it while backward goes on.
+// Before the walk, each edge into such a leaf from a node the root reaches counts as one
+// contribution to come. The walk visits nodes newest first, a topological order, so a
+// reachable node that the walk passes without gradients for it will never run: its
+// contributions are dropped there. A count that reaches zero runs the hook; the leaves
+// of nodes below where the walk stops run theirs at the end. Without hooks, none of
+// this costs more than one pass over the edges.
 #pragma once
 
 #include <memory>
 #include <unordered_map>
+#include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "trainmem/autograd/grad_mode.hpp"
@@ -141,6 +153,7 @@ class Tape {
     if (!retain_graph) backward_ran_ = true;
     if (r.grad_fn == nullptr) {  // the root is itself a leaf
       accumulate_into_leaf(*r.grad_slot, seed_grad);
+      if (r.grad_slot->on_ready) r.grad_slot->on_ready();
       return;
     }
     run_backward(r.grad_fn, r.output_nr, seed_grad, retain_graph);
@@ -152,11 +165,15 @@ class Tape {
     std::unordered_map<Node<B>*, Grads<B>> pending;
     pending[start].resize(start->output_dtypes.size());
     pending[start][static_cast<std::size_t>(output)] = seed;
+    ReadyLeaves ready(nodes_, start);
     // Nodes run newest first; the start node is somewhere on the tape.
     for (auto it = nodes_.rbegin(); it != nodes_.rend() && !pending.empty(); ++it) {
       Node<B>* node = it->get();
       auto found = pending.find(node);
-      if (found == pending.end()) continue;
+      if (found == pending.end()) {
+        ready.passed(*node);
+        continue;
+      }
       Grads<B> grad_outputs = std::move(found->second);
       pending.erase(found);
       detail::check(!node->released, "backward: ", node->op->name,
@@ -181,11 +198,66 @@ class Tape {
           acc = acc.defined() ? add(acc, g) : g;
         }
       }
+      ready.ran(*node);
     }
     detail::check(pending.empty(), "backward: a gradient reached a node that is not on this tape");
+    ready.finish();
   }
 
  private:
+  /// The hooked leaves' contributions still to come in one backward (NOTE [When a
+  /// leaf's gradient is final]).
+  class ReadyLeaves {
+   public:
+    ReadyLeaves(const std::vector<std::unique_ptr<Node<B>>>& nodes, Node<B>* start) {
+      bool hooked = false;
+      for (const auto& node : nodes)
+        for (const Edge<B>& edge : node->inputs) hooked = hooked || (edge.leaf && edge.leaf->on_ready);
+      if (!hooked) return;
+      reachable_.insert(start);
+      for (auto it = nodes.rbegin(); it != nodes.rend(); ++it) {
+        if (!reachable_.contains(it->get())) continue;
+        for (const Edge<B>& edge : (*it)->inputs) {
+          if (edge.node != nullptr) reachable_.insert(edge.node);
+          if (!edge.leaf || !edge.leaf->on_ready) continue;
+          auto [at, added] = index_.try_emplace(edge.leaf.get(), remaining_.size());
+          if (added) remaining_.emplace_back(edge.leaf.get(), 0);
+          ++remaining_[at->second].second;
+        }
+      }
+    }
+    /// `node` ran: its contributions have been added.
+    void ran(const Node<B>& node) { count_down(node); }
+    /// The walk passed a node it had no gradients for: it will not run.
+    void passed(const Node<B>& node) {
+      if (reachable_.contains(&node)) count_down(node);
+    }
+    /// Backward is over: every hooked leaf not yet told is final now.
+    void finish() {
+      for (auto& [slot, left] : remaining_)
+        if (left > 0) {
+          left = 0;
+          slot->on_ready();
+        }
+    }
+
+   private:
+    void count_down(const Node<B>& node) {
+      if (remaining_.empty()) return;
+      for (const Edge<B>& edge : node.inputs) {
+        if (!edge.leaf || !edge.leaf->on_ready) continue;
+        auto at = index_.find(edge.leaf.get());
+        if (at == index_.end()) continue;
+        int& left = remaining_[at->second].second;
+        if (left > 0 && --left == 0) edge.leaf->on_ready();
+      }
+    }
+
+    std::unordered_set<const Node<B>*> reachable_;
+    std::unordered_map<const GradSlot<B>*, std::size_t> index_;
+    std::vector<std::pair<GradSlot<B>*, int>> remaining_;  // in the order first met
+  };
+
   Tensor<B> add(const Tensor<B>& a, const Tensor<B>& b) {
     Tensor<B> out = Tensor<B>::empty(a.shape(), a.dtype(), MemCategory::Temporary, *backend_);
     backend_->map(math::Add{}, a, b, out);

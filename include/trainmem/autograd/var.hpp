@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -137,6 +138,18 @@ class Var {
   void zero_grad() const {
     if (impl().grad_slot) impl().grad_slot->grad = Tensor<B>();
   }
+  /// `hook` runs during each backward that reaches this leaf, right after the last
+  /// contribution to its .grad: from then on this backward does not touch the gradient
+  /// again, so it may be read, sent or freed while backward goes on (data parallelism
+  /// reduces gradients this way). One hook per leaf; an empty function removes it.
+  void set_grad_ready_hook(std::function<void()> hook) const {
+    detail::check(impl().grad_slot != nullptr, "Var::set_grad_ready_hook: '", impl().name,
+                  "' is not a leaf that requires grad");
+    detail::check(!hook || !impl().grad_slot->on_ready, "Var::set_grad_ready_hook: '", impl().name,
+                  "' has a grad-ready hook already (remove it first: one hook per leaf)");
+    impl().grad_slot->on_ready = std::move(hook);
+  }
+  bool has_grad_ready_hook() const { return impl().grad_slot && impl().grad_slot->on_ready; }
 
   /// Same as tape().backward(*this, ...).
   void backward(const Tensor<B>& seed = {}, bool retain_graph = false) const;
