@@ -11,11 +11,18 @@
 // rank that fails a check throws before it enters the collective. The "v" forms take
 // each rank's element count (ranks may hold different amounts, some none), and the
 // host forms move plain bytes for set-up checks that run before any tensor exists.
+//
+// The start_* forms begin a collective and return at once with a Pending to test or
+// wait on, so gradients can be summed while backward computes others
+// (dist/grad_buckets.hpp). An implementation without non-blocking collectives runs the
+// blocking one and returns it done. Started collectives match across ranks by the
+// order they were started in, blocking ones included, like every collective.
 #pragma once
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <numeric>
 #include <span>
 #include <vector>
@@ -24,6 +31,25 @@
 #include "trainmem/error.hpp"
 
 namespace trainmem::dist {
+
+/// \brief A collective in flight: until it is done, the tensors it was given must be
+/// neither read nor written.
+class Pending {
+ public:
+  virtual ~Pending() = default;
+  /// Whether it has completed. Also moves it forward: MPI advances a non-blocking
+  /// collective only inside MPI calls.
+  virtual bool test() = 0;
+  /// Returns once it has completed.
+  virtual void wait() = 0;
+};
+
+/// \brief A collective that completed before it was returned.
+class Completed final : public Pending {
+ public:
+  bool test() override { return true; }
+  void wait() override {}
+};
 
 /// \brief Collectives over the ranks of one job, on tensors of backend B.
 template <class B>
@@ -42,25 +68,28 @@ class Communicator {
   /// `input` is the concatenation of counts[q] elements for each rank q; `output`
   /// (counts[rank()] elements, same dtype) receives the sum over ranks of this rank's part.
   void reduce_scatter_sum(const Tensor<B>& input, const Tensor<B>& output, std::span<const std::int64_t> counts) {
-    check_summable(input, "reduce_scatter_sum");
-    const std::int64_t total = check_counts(counts, "reduce_scatter_sum");
-    detail::check(output.defined() && output.dtype() == input.dtype() && input.numel() == total &&
-                      output.numel() == counts[static_cast<std::size_t>(rank())],
-                  "dist::reduce_scatter_sum: rank ", rank(), " needs an input of ", total, " and an output of ",
-                  counts[static_cast<std::size_t>(rank())], " ", input.dtype(), " elements, got ", input.numel(),
-                  " and ", output.defined() ? output.numel() : 0, " ",
-                  output.defined() ? name_of(output.dtype()) : "undefined");
+    check_reduce_scatter(input, output, counts, "reduce_scatter_sum");
     do_reduce_scatter_sum(input, output, counts);
+  }
+  /// reduce_scatter_sum, started: `output` holds the sum once the Pending is done.
+  std::unique_ptr<Pending> start_reduce_scatter_sum(const Tensor<B>& input, const Tensor<B>& output,
+                                                    std::span<const std::int64_t> counts) {
+    check_reduce_scatter(input, output, counts, "start_reduce_scatter_sum");
+    output.bump_version();
+    return do_start_reduce_scatter_sum(input, output, counts);
   }
   /// In place: `buffer` holds counts[q] elements of rank q after those of ranks < q;
   /// this rank's part is sent, every other part overwritten by its owner's.
   void all_gather(const Tensor<B>& buffer, std::span<const std::int64_t> counts) {
-    detail::check(buffer.defined(), "dist::all_gather: the buffer is undefined");
-    const std::int64_t total = check_counts(counts, "all_gather");
-    detail::check(buffer.numel() == total, "dist::all_gather: the counts add up to ", total, " elements, the buffer ",
-                  buffer.shape(), " has ", buffer.numel());
+    check_all_gather(buffer, counts, "all_gather");
     do_all_gather(buffer, counts);
     buffer.bump_version();
+  }
+  /// all_gather, started: `buffer` holds every rank's part once the Pending is done.
+  std::unique_ptr<Pending> start_all_gather(const Tensor<B>& buffer, std::span<const std::int64_t> counts) {
+    check_all_gather(buffer, counts, "start_all_gather");
+    buffer.bump_version();
+    return do_start_all_gather(buffer, counts);
   }
   /// Every rank's `tensor` becomes a copy of rank `root`'s.
   void broadcast(const Tensor<B>& tensor, int root) {
@@ -94,8 +123,35 @@ class Communicator {
   virtual void do_barrier() = 0;
   virtual void do_broadcast_host(std::span<std::byte> bytes, int root) = 0;
   virtual void do_all_gather_host(std::span<const std::byte> mine, std::span<std::byte> all) = 0;
+  /// Non-blocking forms; by default the blocking collective, returned done.
+  virtual std::unique_ptr<Pending> do_start_reduce_scatter_sum(const Tensor<B>& input, const Tensor<B>& output,
+                                                               std::span<const std::int64_t> counts) {
+    do_reduce_scatter_sum(input, output, counts);
+    return std::make_unique<Completed>();
+  }
+  virtual std::unique_ptr<Pending> do_start_all_gather(const Tensor<B>& buffer, std::span<const std::int64_t> counts) {
+    do_all_gather(buffer, counts);
+    return std::make_unique<Completed>();
+  }
 
  private:
+  void check_reduce_scatter(const Tensor<B>& input, const Tensor<B>& output, std::span<const std::int64_t> counts,
+                            const char* op) const {
+    check_summable(input, op);
+    const std::int64_t total = check_counts(counts, op);
+    detail::check(output.defined() && output.dtype() == input.dtype() && input.numel() == total &&
+                      output.numel() == counts[static_cast<std::size_t>(rank())],
+                  "dist::", op, ": rank ", rank(), " needs an input of ", total, " and an output of ",
+                  counts[static_cast<std::size_t>(rank())], " ", input.dtype(), " elements, got ", input.numel(),
+                  " and ", output.defined() ? output.numel() : 0, " ",
+                  output.defined() ? name_of(output.dtype()) : "undefined");
+  }
+  void check_all_gather(const Tensor<B>& buffer, std::span<const std::int64_t> counts, const char* op) const {
+    detail::check(buffer.defined(), "dist::", op, ": the buffer is undefined");
+    const std::int64_t total = check_counts(counts, op);
+    detail::check(buffer.numel() == total, "dist::", op, ": the counts add up to ", total, " elements, the buffer ",
+                  buffer.shape(), " has ", buffer.numel());
+  }
   static void check_summable(const Tensor<B>& t, const char* op) {
     detail::check(t.defined() && (t.dtype() == DType::F32 || t.dtype() == DType::F64), "dist::", op,
                   ": sums run on f32 or f64 tensors (widen 16-bit values first), got ",

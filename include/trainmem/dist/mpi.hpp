@@ -22,8 +22,10 @@
 #include <climits>
 #include <cstdio>
 #include <exception>
+#include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "trainmem/backend/cpu/backend.hpp"
@@ -47,6 +49,43 @@ inline int count_of(std::int64_t n, const char* call) {
   return static_cast<int>(n);
 }
 inline MPI_Datatype sum_type(DType dtype) { return dtype == DType::F64 ? MPI_DOUBLE : MPI_FLOAT; }
+
+/// \brief A non-blocking MPI collective with what MPI reads until it completes: the
+/// count arrays and the tensors (their storage stays alive while it is in flight).
+class Request final : public Pending {
+ public:
+  Request(std::vector<Tensor<cpu::Backend>> tensors, std::vector<int> counts, std::vector<int> offsets)
+      : tensors_(std::move(tensors)), counts_(std::move(counts)), offsets_(std::move(offsets)) {}
+  Request(const Request&) = delete;
+  Request& operator=(const Request&) = delete;
+  /// Destroyed in flight (an exception unwinding past it): MPI may still write into the
+  /// buffers, so they are left alive rather than freed under it; the job is ending.
+  ~Request() override {
+    if (request_ == MPI_REQUEST_NULL) return;
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized && !test()) new std::vector<Tensor<cpu::Backend>>(std::move(tensors_));
+  }
+
+  MPI_Request* handle() { return &request_; }
+  const std::vector<int>& counts() const { return counts_; }
+  const std::vector<int>& offsets() const { return offsets_; }
+
+  bool test() override {
+    if (request_ == MPI_REQUEST_NULL) return true;
+    int done = 0;
+    check(MPI_Test(&request_, &done, MPI_STATUS_IGNORE), "MPI_Test");
+    return done != 0;
+  }
+  void wait() override {
+    if (request_ != MPI_REQUEST_NULL) check(MPI_Wait(&request_, MPI_STATUS_IGNORE), "MPI_Wait");
+  }
+
+ private:
+  std::vector<Tensor<cpu::Backend>> tensors_;
+  std::vector<int> counts_, offsets_;
+  MPI_Request request_ = MPI_REQUEST_NULL;
+};
 }  // namespace detail
 
 /// \brief MPI_Init on construction (threads: funneled, the calling thread talks to MPI),
@@ -106,26 +145,35 @@ class Communicator final : public dist::Communicator<cpu::Backend> {
   }
   void do_reduce_scatter_sum(const TensorT& input, const TensorT& output,
                              std::span<const std::int64_t> counts) override {
-    std::vector<int> n;
-    for (std::int64_t c : counts) n.push_back(detail::count_of(c, "MPI_Reduce_scatter"));
-    detail::count_of(input.numel(), "MPI_Reduce_scatter");
+    const std::vector<int> n = element_counts(input, counts, "MPI_Reduce_scatter");
     detail::check(
         MPI_Reduce_scatter(input.data(), output.data(), n.data(), detail::sum_type(input.dtype()), MPI_SUM, comm_),
         "MPI_Reduce_scatter");
     output.bump_version();
   }
+  std::unique_ptr<Pending> do_start_reduce_scatter_sum(const TensorT& input, const TensorT& output,
+                                                       std::span<const std::int64_t> counts) override {
+    auto request = std::make_unique<detail::Request>(
+        std::vector<TensorT>{input, output}, element_counts(input, counts, "MPI_Ireduce_scatter"), std::vector<int>{});
+    detail::check(MPI_Ireduce_scatter(input.data(), output.data(), request->counts().data(),
+                                      detail::sum_type(input.dtype()), MPI_SUM, comm_, request->handle()),
+                  "MPI_Ireduce_scatter");
+    return request;
+  }
   void do_all_gather(const TensorT& buffer, std::span<const std::int64_t> counts) override {
-    const std::int64_t element = static_cast<std::int64_t>(size_of(buffer.dtype()));
-    std::vector<int> bytes, offsets;
-    std::int64_t offset = 0;
-    for (std::int64_t c : counts) {
-      bytes.push_back(detail::count_of(c * element, "MPI_Allgatherv"));
-      offsets.push_back(detail::count_of(offset, "MPI_Allgatherv"));
-      offset += c * element;
-    }
+    auto [bytes, offsets] = byte_parts(buffer, counts, "MPI_Allgatherv");
     detail::check(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buffer.data(), bytes.data(), offsets.data(),
                                  MPI_BYTE, comm_),
                   "MPI_Allgatherv");
+  }
+  std::unique_ptr<Pending> do_start_all_gather(const TensorT& buffer, std::span<const std::int64_t> counts) override {
+    auto [bytes, offsets] = byte_parts(buffer, counts, "MPI_Iallgatherv");
+    auto request =
+        std::make_unique<detail::Request>(std::vector<TensorT>{buffer}, std::move(bytes), std::move(offsets));
+    detail::check(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buffer.data(), request->counts().data(),
+                                  request->offsets().data(), MPI_BYTE, comm_, request->handle()),
+                  "MPI_Iallgatherv");
+    return request;
   }
   void do_broadcast(const TensorT& t, int root) override { broadcast_bytes(t.data(), t.bytes(), root); }
   void do_barrier() override { detail::check(MPI_Barrier(comm_), "MPI_Barrier"); }
@@ -138,6 +186,28 @@ class Communicator final : public dist::Communicator<cpu::Backend> {
   }
 
  private:
+  /// Each rank's element count as an MPI count (and the whole input fits one too).
+  static std::vector<int> element_counts(const TensorT& input, std::span<const std::int64_t> counts, const char* call) {
+    std::vector<int> n;
+    for (std::int64_t c : counts) n.push_back(detail::count_of(c, call));
+    detail::count_of(input.numel(), call);
+    return n;
+  }
+  /// Each rank's part of `buffer` as bytes and byte offsets.
+  static std::pair<std::vector<int>, std::vector<int>> byte_parts(const TensorT& buffer,
+                                                                  std::span<const std::int64_t> counts,
+                                                                  const char* call) {
+    const std::int64_t element = static_cast<std::int64_t>(size_of(buffer.dtype()));
+    std::vector<int> bytes, offsets;
+    std::int64_t offset = 0;
+    for (std::int64_t c : counts) {
+      bytes.push_back(detail::count_of(c * element, call));
+      offsets.push_back(detail::count_of(offset, call));
+      offset += c * element;
+    }
+    return {std::move(bytes), std::move(offsets)};
+  }
+
   void broadcast_bytes(void* data, std::size_t bytes, int root) {
     detail::check(
         MPI_Bcast(data, detail::count_of(static_cast<std::int64_t>(bytes), "MPI_Bcast"), MPI_BYTE, root, comm_),
