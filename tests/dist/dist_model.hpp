@@ -45,11 +45,17 @@ inline std::pair<Tensor<B>, Tensor<B>> batch(std::int64_t begin, std::int64_t en
           Tensor<B>::from_host(Shape{end - begin}, y, DType::I32)};
 }
 
-/// Backward of the mean cross-entropy over rows [begin, end), scaled by the scaler if given.
+/// Backward of the mean cross-entropy over rows [begin, end), scaled by the scaler if
+/// given; `poison` puts an inf into the first feature (a bad sample: every gradient non-finite).
 inline void backward(const TinyNet& net, std::int64_t begin, std::int64_t end, int step, DType autocast,
-                     amp::GradScaler<B>* scaler = nullptr) {
+                     amp::GradScaler<B>* scaler = nullptr, bool poison = false) {
   Tape<B> tape;
   auto [x, labels] = batch(begin, end, step);
+  if (poison) {
+    std::vector<double> values = x.to_host<double>();
+    values[0] = INFINITY;
+    x = Tensor<B>::from_host(x.shape(), values);
+  }
   Var<B> loss;
   {
     std::unique_ptr<amp::Autocast> guard;
@@ -82,12 +88,14 @@ inline std::vector<double> train_reference(int steps) {
 }
 
 /// This rank's slice of the global batch, in `micro` micro-batches per step; stage 0 is
-/// DataParallel + AdamW, 1 and 2 ZeroOptimizer. f32 throughout.
+/// DataParallel + AdamW, 1 and 2 ZeroOptimizer. f32 throughout. `overlap`: buckets are
+/// sent during backward, or only after it.
 inline std::vector<double> train_ranks(dist::Communicator<B>& comm, int stage, int steps, std::int64_t bucket_bytes,
-                                       int micro = 1) {
+                                       int micro = 1, bool overlap = true) {
   TinyNet net;
   const std::int64_t rows = kGlobalBatch / comm.size(), first = comm.rank() * rows;
-  const dist::DataParallelOptions dp{.bucket_bytes = bucket_bytes, .accumulation_steps = micro};
+  const dist::DataParallelOptions dp{
+      .bucket_bytes = bucket_bytes, .accumulation_steps = micro, .overlap_with_backward = overlap};
   const auto local = [&](int s, auto&& done) {
     for (int m = 0; m < micro; ++m) {
       const std::int64_t b = first + m * rows / micro, e = first + (m + 1) * rows / micro;

@@ -6,6 +6,7 @@
 // shards are checked against closed forms. The multi-rank cases are in mpi/.
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "dist_model.hpp"
@@ -40,6 +41,35 @@ class CountingCommunicator final : public dist::Communicator<B> {
     ++calls;
     std::copy(mine.begin(), mine.end(), all.begin());
   }
+};
+
+/// A one-rank communicator that writes down each collective of a bucket as it is asked
+/// for: "rs" or "ag" and the element count, and whether fc1.weight had a gradient yet.
+class RecordingCommunicator final : public dist::Communicator<B> {
+ public:
+  explicit RecordingCommunicator(const Var<B>& first_layer) : first_layer_(first_layer) {}
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  std::vector<std::string> log;
+
+ protected:
+  void do_all_reduce_sum(const Tensor<B>&) override {}
+  void do_reduce_scatter_sum(const Tensor<B>& in, const Tensor<B>& out, std::span<const std::int64_t>) override {
+    log.push_back("rs" + std::to_string(in.numel()) + (first_layer_.grad().defined() ? "" : " (fc1 in backward)"));
+    out.copy_from(in);
+  }
+  void do_all_gather(const Tensor<B>& buffer, std::span<const std::int64_t>) override {
+    log.push_back("ag" + std::to_string(buffer.numel()));
+  }
+  void do_broadcast(const Tensor<B>&, int) override {}
+  void do_barrier() override {}
+  void do_broadcast_host(std::span<std::byte>, int) override {}
+  void do_all_gather_host(std::span<const std::byte> mine, std::span<std::byte> all) override {
+    std::copy(mine.begin(), mine.end(), all.begin());
+  }
+
+ private:
+  Var<B> first_layer_;
 };
 
 }  // namespace
@@ -103,6 +133,41 @@ TEST_CASE("dist: no collective runs before the last micro-batch", "[dist]") {
   CHECK(comm.calls == before + 2 * 4);  // 55 f32 in buckets of 16: 4 windows, each a reduce-scatter and an all-gather
 }
 
+TEST_CASE("dist: buckets go out during backward, last first, each all-gather after the next reduce-scatter", "[dist]") {
+  // Ψ = 55 in windows of 16: [0, 16) [16, 32) [32, 48) [48, 55); fc1.weight is [0, 35),
+  // fc1.bias [35, 40), fc2.weight [40, 55). Only the last window lies in fc2 alone, so it
+  // goes while fc1's backward has not run; the others wait for fc1.weight, made last.
+  TinyNet net;
+  RecordingCommunicator comm(net.fc1.weight());
+  dist::DataParallel<B> sync(comm, net.parameters(), {.bucket_bytes = 64});
+  backward(net, 0, 4, 0, DType::F32);
+  const std::vector<std::string> during = comm.log;
+  sync.average_gradients();
+  CHECK(during == std::vector<std::string>{"rs7 (fc1 in backward)", "rs16", "ag7", "rs16", "ag16", "rs16", "ag16"});
+  CHECK(comm.log.size() == 8);
+  CHECK(comm.log.back() == "ag16");
+
+  // Overlap off: the same collectives, all after backward.
+  TinyNet net2;
+  RecordingCommunicator comm2(net2.fc1.weight());
+  dist::DataParallel<B> after(comm2, net2.parameters(), {.bucket_bytes = 64, .overlap_with_backward = false});
+  backward(net2, 0, 4, 0, DType::F32);
+  CHECK(comm2.log.empty());
+  after.average_gradients();
+  CHECK(comm2.log == std::vector<std::string>{"rs7", "rs16", "ag7", "rs16", "ag16", "rs16", "ag16", "ag16"});
+}
+
+TEST_CASE("dist: a second backward in one micro-batch is an error while buckets go out during backward", "[dist]") {
+  TinyNet net;
+  dist::SingleProcess<B> comm;
+  dist::DataParallel<B> sync(comm, net.parameters(), {.bucket_bytes = 64});
+  backward(net, 0, 4, 0, DType::F32);
+  CHECK_THROWS_MATCHES(backward(net, 4, 8, 0, DType::F32), Error,
+                       ErrorContains("was made final twice before the gradients were averaged"));
+  CHECK_THROWS_MATCHES(dist::DataParallel<B>(comm, net.parameters()), Error,
+                       ErrorContains("'fc1.weight' already has a grad-ready hook"));
+}
+
 TEST_CASE("dist: ZeRO with 16-bit weights matches MasterWeights + AdamW bit for bit on one rank", "[dist]") {
   for (DType dtype : {DType::BF16, DType::F16}) {
     std::vector<double> reference;
@@ -141,6 +206,8 @@ TEST_CASE("dist: bad settings are errors that name them", "[dist]") {
   dist::SingleProcess<B> comm;
   CHECK_THROWS_MATCHES(dist::DataParallel<B>(comm, net.parameters(), {.bucket_bytes = 2}), Error,
                        ErrorContains("bucket_bytes must be at least 4"));
+  CHECK_THROWS_MATCHES(dist::DataParallel<B>(comm, net.parameters(), {.buckets_in_flight = 1}), Error,
+                       ErrorContains("buckets_in_flight must be at least 2, got 1"));
   CHECK_THROWS_MATCHES(dist::ZeroOptimizer<B>(comm, net.parameters(), {.stage = 3}, adamw_options()), Error,
                        ErrorContains("stage must be 1 or 2, got 3"));
   dist::ZeroOptimizer<B> zero(comm, net.parameters(), {.stage = 2}, adamw_options());

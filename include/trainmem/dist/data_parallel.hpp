@@ -1,24 +1,29 @@
-// trainmem/dist/data_parallel.hpp — average gradients over ranks, one bucket at a time.
+// trainmem/dist/data_parallel.hpp — average gradients over ranks, one bucket at a time,
+// while backward still runs.
 //
 // Each rank runs backward on its own micro-batch; then every gradient is replaced by
 // the mean over ranks (and over the micro-batches accumulated since the last average),
 // so every rank steps the same optimizer on the same numbers and the weights stay
-// identical without ever being sent. The gradients are walked in windows of one bucket
-// (dist/flat_layout.hpp): a window's pieces are widened into one f32 bucket, summed
-// with a reduce-scatter (each rank sums one slice), and the summed slices shared with an
+// identical without ever being sent. The gradients travel in buckets
+// (dist/grad_buckets.hpp): a bucket's pieces are widened into one f32 buffer, summed
+// with a reduce-scatter (each rank sums one slice) and the summed slices shared with an
 // all-gather. A slice is summed once, on one rank, and copied bit for bit to the
 // others, so every rank receives identical gradients whatever the MPI library's
-// reduction order, and the only buffer is one bucket (a 2^30-parameter model needs no
-// 2^30 buffer).
+// reduction order, and no buffer is larger than a bucket (a 2^30-parameter model needs
+// no 2^30 buffer).
+//
+// Overlap: each parameter gets a grad-ready hook (Var::set_grad_ready_hook), so during
+// the backward of the last micro-batch a bucket is sent as soon as backward is done with
+// all its gradients, and computing the rest hides the communication. List parameters in
+// forward order (nn::Module does) and the last buckets, made first, go first. The hook
+// expects one backward per micro-batch; `overlap_with_backward = false` sends everything
+// after backward instead, for a loop that runs several or edits gradients in between.
 //
 // Gradient accumulation: backward adds into .grad, so micro-batches need no
 // communication; `micro_batch_done()` communicates only on the last of every
 // `accumulation_steps`. The average divides by size() * accumulation_steps: the result
 // is the gradient of the mean loss over every micro-batch of every rank, as one process
 // with the whole global batch would compute it (when each micro-batch loss is a mean).
-//
-// Averaging happens after backward; overlapping it with backward (a bucket sent as
-// soon as its gradients are final) is not done yet.
 #pragma once
 
 #include <algorithm>
@@ -30,6 +35,7 @@
 #include "trainmem/core/math.hpp"
 #include "trainmem/dist/communicator.hpp"
 #include "trainmem/dist/flat_layout.hpp"
+#include "trainmem/dist/grad_buckets.hpp"
 #include "trainmem/dist/same_parameters.hpp"
 
 namespace trainmem::dist {
@@ -40,6 +46,10 @@ struct DataParallelOptions {
   std::int64_t bucket_bytes = std::int64_t{4} << 20;
   /// Micro-batches whose gradients add up before one average (at least 1).
   std::int64_t accumulation_steps = 1;
+  /// Send each bucket during the last micro-batch's backward, as soon as its gradients are final.
+  bool overlap_with_backward = true;
+  /// Buckets whose collectives may be in flight at once (at least 2).
+  int buckets_in_flight = 2;
 };
 
 /// \brief Averages a parameter list's gradients over the ranks of a communicator.
@@ -50,14 +60,29 @@ class DataParallel {
   /// shapes; trainmem::Error naming the difference), then makes every rank's parameter
   /// values rank 0's, so all ranks start from the same weights.
   DataParallel(Communicator<B>& comm, std::vector<Var<B>> params, DataParallelOptions options = {})
-      : comm_(&comm), params_(std::move(params)), layout_(params_), options_(options) {
-    trainmem::detail::check(options.bucket_bytes >= 4, "dist::DataParallel: bucket_bytes must be at least 4, got ",
-                            options.bucket_bytes);
-    trainmem::detail::check(options.accumulation_steps >= 1,
-                            "dist::DataParallel: accumulation_steps must be at least 1, got ",
-                            options.accumulation_steps);
+      : comm_(&comm),
+        params_(checked(std::move(params), options)),
+        layout_(params_),
+        options_(options),
+        buckets_(comm, params_, layout_, options.bucket_bytes / 4, options.buckets_in_flight) {
     check_same_parameters(comm, params_, "dist::DataParallel");
     for (const Var<B>& p : params_) comm.broadcast(p.value(), 0);
+    if (!options.overlap_with_backward) return;
+    for (const Var<B>& p : params_)  // all checked before any is set: a throw leaves no hook behind
+      trainmem::detail::check(!p.has_grad_ready_hook(), "dist::DataParallel: '", p.name(),
+                              "' already has a grad-ready hook (is it in two DataParallel objects?)");
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      params_[i].set_grad_ready_hook([this, i] {
+        if (micro_batches_ + 1 == options_.accumulation_steps) buckets_.ready(i, divisor());
+      });
+    }
+  }
+  /// The hooks point at this object, so it stays where it was made.
+  DataParallel(const DataParallel&) = delete;
+  DataParallel& operator=(const DataParallel&) = delete;
+  ~DataParallel() {
+    if (options_.overlap_with_backward)
+      for (const Var<B>& p : params_) p.set_grad_ready_hook({});
   }
 
   /// Call after each micro-batch's backward: on the last of `accumulation_steps` it
@@ -69,31 +94,19 @@ class DataParallel {
     return true;
   }
 
-  /// Replaces every gradient by its sum over ranks divided by size() * accumulation_steps.
-  /// A parameter without a gradient counts as zeros and receives one. A collective.
+  /// Replaces every gradient by its sum over ranks divided by size() * accumulation_steps,
+  /// finishing what backward started. A parameter without a gradient counts as zeros
+  /// and receives one (under reduce_into_shard: see there). A collective.
   void average_gradients() {
     micro_batches_ = 0;
-    if (layout_.total() == 0) return;
     NoGradGuard no_grad;
-    const double divisor = static_cast<double>(comm_->size()) * static_cast<double>(options_.accumulation_steps);
-    B& backend = params_.front().value().backend();
-    const Tensor<B> bucket = Tensor<B>::empty(Shape{std::min(layout_.total(), bucket_elements())}, DType::F32,
-                                              MemCategory::Gradient, backend);
-    for (const Var<B>& p : params_)
-      if (!p.grad().defined()) p.set_grad(Tensor<B>::zeros(p.shape(), p.dtype(), MemCategory::Gradient, backend));
-    FlatLayout::for_each_window(Range{0, layout_.total()}, bucket_elements(), [&](Range window) {
-      const Tensor<B> sums = bucket.slice(0, window.size());
-      layout_.for_each_piece(window, [&](const Piece& piece) {
-        backend.map(math::Identity{}, grad_piece(piece),
-                    sums.slice(piece.window_offset, piece.window_offset + piece.count));
-      });
-      sum_over_ranks(sums, divisor);
-      layout_.for_each_piece(window, [&](const Piece& piece) {
-        backend.map(math::Identity{}, sums.slice(piece.window_offset, piece.window_offset + piece.count),
-                    grad_piece(piece));
-      });
-    });
-    for (const Var<B>& p : params_) p.grad().bump_version();
+    buckets_.finish(divisor());
+  }
+
+  /// ZeRO-2: average_gradients leaves this rank only the average of `shard` of the flat
+  /// space, in `shard_grad`, and frees the full gradients.
+  void reduce_into_shard(Tensor<B> shard_grad, Range shard) {
+    buckets_.reduce_into_shard(std::move(shard_grad), shard);
   }
 
   const std::vector<Var<B>>& params() const { return params_; }
@@ -103,27 +116,26 @@ class DataParallel {
   std::int64_t bucket_elements() const { return options_.bucket_bytes / 4; }
 
  private:
-  Tensor<B> grad_piece(const Piece& piece) const {
-    return flat_view(params_[piece.param].grad(), piece.param_offset, piece.param_offset + piece.count);
+  static std::vector<Var<B>> checked(std::vector<Var<B>> params, const DataParallelOptions& options) {
+    trainmem::detail::check(options.bucket_bytes >= 4, "dist::DataParallel: bucket_bytes must be at least 4, got ",
+                            options.bucket_bytes);
+    trainmem::detail::check(options.accumulation_steps >= 1,
+                            "dist::DataParallel: accumulation_steps must be at least 1, got ",
+                            options.accumulation_steps);
+    trainmem::detail::check(options.buckets_in_flight >= 2,
+                            "dist::DataParallel: buckets_in_flight must be at least 2, got ",
+                            options.buckets_in_flight);
+    return params;
   }
-
-  /// values := (sum over ranks of values) / divisor, identical on every rank.
-  void sum_over_ranks(const Tensor<B>& values, double divisor) {
-    const int size = comm_->size(), rank = comm_->rank();
-    std::vector<std::int64_t> counts(static_cast<std::size_t>(size));
-    for (int q = 0; q < size; ++q) counts[static_cast<std::size_t>(q)] = shard_range(values.numel(), q, size).size();
-    const Range mine = shard_range(values.numel(), rank, size);
-    const Tensor<B> slice = Tensor<B>::empty(Shape{mine.size()}, DType::F32, MemCategory::Gradient, values.backend());
-    comm_->reduce_scatter_sum(values, slice, counts);
-    if (divisor != 1.0) values.backend().map(math::Scale{1.0 / divisor}, slice, slice);
-    values.slice(mine.begin, mine.end).copy_from(slice);
-    comm_->all_gather(values, counts);
+  double divisor() const {
+    return static_cast<double>(comm_->size()) * static_cast<double>(options_.accumulation_steps);
   }
 
   Communicator<B>* comm_;
   std::vector<Var<B>> params_;
   FlatLayout layout_;
   DataParallelOptions options_;
+  GradBuckets<B> buckets_;
   std::int64_t micro_batches_ = 0;
 };
 

@@ -7,8 +7,8 @@
 // keeps only the shard's gradient too. Per rank, with Ψ parameters on N ranks:
 //   ZeRO-1: 2Ψ weights + 2Ψ gradients + 12Ψ/N          = 4Ψ + 12Ψ/N bytes
 //   ZeRO-2: 2Ψ weights + (2 + 12)Ψ/N                  = 2Ψ + 14Ψ/N bytes
-// (ZeRO-2's full gradients still exist from backward until reduce_gradients(): without
-// overlap of communication and backward they are freed only then.)
+// (ZeRO-2's full gradients exist only while backward makes them: with the overlap of
+// dist/data_parallel.hpp each is freed once the buckets holding it are reduced.)
 //
 // The weights move into one flat buffer, each parameter's value a view into it, so a
 // shard is one contiguous range and the updated 16-bit weights come back with one
@@ -93,8 +93,10 @@ class ZeroOptimizer {
       ps[i].impl().value = view.reshape(ps[i].shape());
       ps[i].zero_grad();
     }
-    if (options.stage == 2)
+    if (options.stage == 2) {
       grad_shard_ = Tensor<B>::zeros(Shape{shard_.size()}, options.model_dtype, MemCategory::Gradient, backend);
+      dp_.reduce_into_shard(grad_shard_, shard_);
+    }
 
     std::vector<Var<B>> segments;
     layout.for_each_piece(shard_, [&](const Piece& piece) {
@@ -125,33 +127,18 @@ class ZeroOptimizer {
   /// Call after each micro-batch's backward; on the last of accumulation_steps it
   /// reduces the gradients (see reduce_gradients) and returns true.
   bool micro_batch_done() {
-    if (++micro_batches_ < options_.data_parallel.accumulation_steps) return false;
-    reduce_gradients();
+    if (!dp_.micro_batch_done()) return false;
+    take_reduced_gradients();
     return true;
   }
 
-  /// Averages the gradients over ranks (a collective). ZeRO-1: every gradient becomes
-  /// the average, as in DataParallel. ZeRO-2: this rank's shard of the average lands in
-  /// the shard's gradient buffer and the full gradients are freed.
+  /// Averages the gradients over ranks (a collective), finishing what backward started.
+  /// ZeRO-1: every gradient becomes the average, as in DataParallel. ZeRO-2: this rank's
+  /// shard of the average lands in the shard's gradient buffer and the full gradients
+  /// are freed.
   void reduce_gradients() {
-    micro_batches_ = 0;
-    NoGradGuard no_grad;
-    if (options_.stage == 1) {
-      dp_.average_gradients();
-      for (std::size_t i = 0; i < segments_.size(); ++i) {
-        const Piece& piece = segments_[i].piece;
-        optimizer_->entries()[i].param.set_grad(
-            piece.count == 0
-                ? flat_view(dp_.params()[0].grad(), 0, 0)
-                : flat_view(dp_.params()[piece.param].grad(), piece.param_offset, piece.param_offset + piece.count));
-      }
-      return;
-    }
-    scatter_gradients();
-    for (const Var<B>& p : dp_.params()) p.zero_grad();
-    for (std::size_t i = 0; i < segments_.size(); ++i)
-      optimizer_->entries()[i].param.set_grad(
-          grad_shard_.slice(segments_[i].shard_offset, segments_[i].shard_offset + segments_[i].piece.count));
+    dp_.average_gradients();
+    take_reduced_gradients();
   }
 
   /// Steps the shard and all-gathers the updated weights; returns true (no scaler, no skip).
@@ -210,37 +197,22 @@ class ZeroOptimizer {
     std::int64_t shard_offset;  // where it starts in the shard
   };
 
-  /// Reduce-scatters each window of the gradients so that this rank receives the sum of
-  /// its shard's part, divided by size() * accumulation_steps, in the shard gradient.
-  void scatter_gradients() {
-    Communicator<B>& comm = dp_.communicator();
-    const FlatLayout& layout = dp_.layout();
-    B& backend = flat_.backend();
-    const double divisor =
-        static_cast<double>(comm.size()) * static_cast<double>(options_.data_parallel.accumulation_steps);
-    const std::int64_t bucket = std::min(layout.total(), dp_.bucket_elements());
-    const Tensor<B> sums = Tensor<B>::empty(Shape{bucket}, DType::F32, MemCategory::Gradient, backend);
-    const Tensor<B> received =
-        Tensor<B>::empty(Shape{std::min(bucket, shard_.size())}, DType::F32, MemCategory::Gradient, backend);
-    FlatLayout::for_each_window(Range{0, layout.total()}, bucket, [&](Range window) {
-      const Tensor<B> in = sums.slice(0, window.size());
-      layout.for_each_piece(window, [&](const Piece& piece) {
-        const Tensor<B> out = in.slice(piece.window_offset, piece.window_offset + piece.count);
-        const Tensor<B>& grad = dp_.params()[piece.param].grad();
-        if (grad.defined())
-          backend.map(math::Identity{}, flat_view(grad, piece.param_offset, piece.param_offset + piece.count), out);
-        else out.zero_();
-      });
-      const std::vector<std::int64_t> counts = shard_counts(window, layout.total(), comm.size());
-      const std::int64_t mine = counts[static_cast<std::size_t>(comm.rank())];
-      const Tensor<B> part = received.slice(0, mine);
-      comm.reduce_scatter_sum(in, part, counts);
-      if (mine == 0) return;
-      if (divisor != 1.0) backend.map(math::Scale{1.0 / divisor}, part, part);
-      const std::int64_t at = std::max(window.begin, shard_.begin) - shard_.begin;
-      backend.map(math::Identity{}, part, grad_shard_.slice(at, at + mine));
-    });
-    grad_shard_.bump_version();
+  /// Hands the shard optimizer's segments their reduced gradients.
+  void take_reduced_gradients() {
+    if (options_.stage == 1) {
+      for (std::size_t i = 0; i < segments_.size(); ++i) {
+        const Piece& piece = segments_[i].piece;
+        optimizer_->entries()[i].param.set_grad(
+            piece.count == 0
+                ? flat_view(dp_.params()[0].grad(), 0, 0)
+                : flat_view(dp_.params()[piece.param].grad(), piece.param_offset, piece.param_offset + piece.count));
+      }
+      return;
+    }
+    for (const Var<B>& p : dp_.params()) p.zero_grad();
+    for (std::size_t i = 0; i < segments_.size(); ++i)
+      optimizer_->entries()[i].param.set_grad(
+          grad_shard_.slice(segments_[i].shard_offset, segments_[i].shard_offset + segments_[i].piece.count));
   }
 
   void require_reduced() const {
@@ -281,7 +253,6 @@ class ZeroOptimizer {
   Tensor<B> flat_, master_, grad_shard_;
   std::vector<Segment> segments_;
   std::unique_ptr<Optimizer> optimizer_;
-  std::int64_t micro_batches_ = 0;
 };
 
 }  // namespace trainmem::dist

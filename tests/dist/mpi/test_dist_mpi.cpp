@@ -51,7 +51,9 @@ void require_close(const std::vector<double>& got, const std::vector<double>& wa
 }
 
 /// 20 AdamW steps on N ranks equal one process on the global batch (≤ 1e-6 relative),
-/// bitwise between two runs and across ranks; with and without accumulation.
+/// bitwise between two runs and across ranks; with and without accumulation; buckets
+/// (16 elements: four of them for Ψ = 55) sent during backward give bitwise the weights
+/// of buckets sent after it.
 int equivalence(dist::mpi::Communicator& comm) {
   const std::vector<double> reference = train_reference(20);
   for (int stage : {0, 1, 2}) {
@@ -59,7 +61,9 @@ int equivalence(dist::mpi::Communicator& comm) {
       const std::string what = "stage " + std::to_string(stage) + ", " + std::to_string(micro) + " micro-batches";
       const std::vector<double> first = train_ranks(comm, stage, 20, 64, micro);
       const std::vector<double> second = train_ranks(comm, stage, 20, 64, micro);
+      const std::vector<double> after_backward = train_ranks(comm, stage, 20, 64, micro, false);
       require(first == second, what, ": two runs differ");
+      require(first == after_backward, what, ": buckets sent during backward differ from buckets sent after it");
       require_same_on_every_rank(comm, first, what.c_str());
       require_close(first, reference, what);
     }
@@ -84,60 +88,66 @@ std::vector<double> snapshot(const std::vector<Var<B>>& params, const optim::Opt
   return out;
 }
 
-/// FP16 with an inf injected into the last rank's gradient at step 3: every rank skips
-/// that step and leaves weights, masters and optimizer state bitwise unchanged, and
-/// every scaler backs off; the steps around it apply.
+/// FP16 with an overflow on the last rank only at step 3: every rank skips that step and
+/// leaves weights, masters and optimizer state bitwise unchanged, and every scaler backs
+/// off; the steps around it apply. The overflow is an inf written into a gradient after
+/// backward (buckets sent after backward), or an inf in a sample (buckets sent during it).
 int overflow(dist::mpi::Communicator& comm) {
-  for (int stage : {0, 1, 2}) {
-    TinyNet net;
-    amp::GradScaler<B> scaler(DType::F16, {.init_scale = 1024});
-    const std::int64_t rows = kGlobalBatch / comm.size(), first = comm.rank() * rows;
-    std::unique_ptr<dist::DataParallel<B>> sync;
-    std::unique_ptr<amp::MasterWeights<B>> masters;
-    std::unique_ptr<optim::AdamW<B>> plain;
-    std::unique_ptr<dist::ZeroOptimizer<B>> zero;
-    if (stage == 0) {
-      sync = std::make_unique<dist::DataParallel<B>>(comm, net.parameters(),
-                                                     dist::DataParallelOptions{.bucket_bytes = 64});
-      masters = std::make_unique<amp::MasterWeights<B>>(net.parameters(),
-                                                        amp::MasterWeightsOptions{.model_dtype = DType::F16});
-      plain = std::make_unique<optim::AdamW<B>>(net.parameters(), adamw_options());
-      masters->attach(*plain);
-    } else {
-      zero = std::make_unique<dist::ZeroOptimizer<B>>(
-          comm, net.parameters(),
-          dist::ZeroOptions{.stage = stage, .model_dtype = DType::F16, .data_parallel = {.bucket_bytes = 64}},
-          adamw_options());
-    }
-    optim::Optimizer<B>& opt = stage == 0 ? static_cast<optim::Optimizer<B>&>(*plain) : zero->shard_optimizer();
-    for (int s = 0; s < 6; ++s) {
-      for (const auto& p : net.parameters()) p.zero_grad();
-      backward(net, first, first + rows, s, DType::F16, &scaler);
-      if (s == 3 && comm.rank() == comm.size() - 1) {  // an element of rank 0's shard
-        const Var<B> p = net.parameters()[0];
-        std::vector<double> g = p.grad().to_host<double>();
-        g[0] = INFINITY;
-        p.set_grad(Tensor<B>::from_host(p.shape(), g, DType::F16, MemCategory::Gradient));
-      }
-      const std::vector<double> before = snapshot(net.parameters(), opt);
-      bool stepped = false;
+  for (const bool overlap : {false, true})
+    for (int stage : {0, 1, 2}) {
+      TinyNet net;
+      amp::GradScaler<B> scaler(DType::F16, {.init_scale = 1024});
+      const std::int64_t rows = kGlobalBatch / comm.size(), first = comm.rank() * rows;
+      std::unique_ptr<dist::DataParallel<B>> sync;
+      std::unique_ptr<amp::MasterWeights<B>> masters;
+      std::unique_ptr<optim::AdamW<B>> plain;
+      std::unique_ptr<dist::ZeroOptimizer<B>> zero;
       if (stage == 0) {
-        sync->average_gradients();
-        stepped = scaler.step(*plain);
+        sync = std::make_unique<dist::DataParallel<B>>(
+            comm, net.parameters(), dist::DataParallelOptions{.bucket_bytes = 64, .overlap_with_backward = overlap});
+        masters = std::make_unique<amp::MasterWeights<B>>(net.parameters(),
+                                                          amp::MasterWeightsOptions{.model_dtype = DType::F16});
+        plain = std::make_unique<optim::AdamW<B>>(net.parameters(), adamw_options());
+        masters->attach(*plain);
       } else {
-        zero->reduce_gradients();
-        stepped = zero->step(scaler);
+        zero = std::make_unique<dist::ZeroOptimizer<B>>(
+            comm, net.parameters(),
+            dist::ZeroOptions{.stage = stage,
+                              .model_dtype = DType::F16,
+                              .data_parallel = {.bucket_bytes = 64, .overlap_with_backward = overlap}},
+            adamw_options());
       }
-      scaler.update();
-      const std::string what = "stage " + std::to_string(stage) + " step " + std::to_string(s);
-      require(stepped == (s != 3), what, ": stepped is ", stepped);
-      if (s == 3) {
-        require(snapshot(net.parameters(), opt) == before, what, ": a skipped step changed the state");
-        require(scaler.get_scale() == 512.0, what, ": the scale is ", scaler.get_scale(), ", not 512");
+      optim::Optimizer<B>& opt = stage == 0 ? static_cast<optim::Optimizer<B>&>(*plain) : zero->shard_optimizer();
+      for (int s = 0; s < 6; ++s) {
+        for (const auto& p : net.parameters()) p.zero_grad();
+        const bool overflows = s == 3 && comm.rank() == comm.size() - 1;
+        backward(net, first, first + rows, s, DType::F16, &scaler, overflows && overlap);
+        if (overflows && !overlap) {  // an element of rank 0's shard
+          const Var<B> p = net.parameters()[0];
+          std::vector<double> g = p.grad().to_host<double>();
+          g[0] = INFINITY;
+          p.set_grad(Tensor<B>::from_host(p.shape(), g, DType::F16, MemCategory::Gradient));
+        }
+        const std::vector<double> before = snapshot(net.parameters(), opt);
+        bool stepped = false;
+        if (stage == 0) {
+          sync->average_gradients();
+          stepped = scaler.step(*plain);
+        } else {
+          zero->reduce_gradients();
+          stepped = zero->step(scaler);
+        }
+        scaler.update();
+        const std::string what =
+            "stage " + std::to_string(stage) + " step " + std::to_string(s) + (overlap ? " (overlapped)" : "");
+        require(stepped == (s != 3), what, ": stepped is ", stepped);
+        if (s == 3) {
+          require(snapshot(net.parameters(), opt) == before, what, ": a skipped step changed the state");
+          require(scaler.get_scale() == 512.0, what, ": the scale is ", scaler.get_scale(), ", not 512");
+        }
       }
+      require_same_on_every_rank(comm, weights(net), ("stage " + std::to_string(stage) + " weights").c_str());
     }
-    require_same_on_every_rank(comm, weights(net), ("stage " + std::to_string(stage) + " weights").c_str());
-  }
   return 0;
 }
 
