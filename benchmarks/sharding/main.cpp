@@ -10,8 +10,11 @@
 // category (weights 2Ψ; gradients 2Ψ or 2Ψ/N; masters 4Ψ or 4Ψ/N; moments 8Ψ or 8Ψ/N)
 // and the median step time per rank. Bytes beyond the formulas are the optimizer's
 // per-tensor step scalars (16 bytes per parameter or shard segment, a few more per optimizer) and
-// ceil(Ψ/N) rounding. Ranks share this machine's cores, so with more ranks than cores the
-// times measure correctness and memory, not speed.
+// ceil(Ψ/N) rounding. Each stage runs twice: buckets sent during backward (the default)
+// and after it; the second table gives each way's peak gradient bytes within a step
+// (ZeRO-2 frees a full gradient once its buckets are reduced, so sending during
+// backward lowers it) and median step time. Ranks share this machine's cores, so with
+// more ranks than cores the times measure correctness and memory, not speed.
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -49,9 +52,10 @@ std::array<double, 4> formula(int stage, double psi, double n) {
 struct Measured {
   std::array<double, 4> bytes{};
   double step_ms = 0;
+  double peak_gradient_bytes = 0;  // the most gradient bytes live at once in a step (the last)
 };
 
-Measured run(tmem::dist::Communicator<B>& comm, const Settings& s, int stage, double& psi) {
+Measured run(tmem::dist::Communicator<B>& comm, const Settings& s, int stage, bool overlap, double& psi) {
   tmem::MemoryStats& stats = B::default_instance().memory();
   std::array<std::int64_t, 4> base{};
   for (std::size_t c = 0; c < 4; ++c) base[c] = stats.live(kCategories[c]);
@@ -70,23 +74,22 @@ Measured run(tmem::dist::Communicator<B>& comm, const Settings& s, int stage, do
   std::unique_ptr<tmem::amp::MasterWeights<B>> masters;
   std::unique_ptr<tmem::optim::AdamW<B>> plain;
   std::unique_ptr<tmem::dist::ZeroOptimizer<B>> zero;
+  const tmem::dist::DataParallelOptions dp{.bucket_bytes = s.bucket_bytes, .overlap_with_backward = overlap};
   if (stage == 0) {
-    sync = std::make_unique<tmem::dist::DataParallel<B>>(
-        comm, params, tmem::dist::DataParallelOptions{.bucket_bytes = s.bucket_bytes});
+    sync = std::make_unique<tmem::dist::DataParallel<B>>(comm, params, dp);
     masters = std::make_unique<tmem::amp::MasterWeights<B>>(params);
     plain = std::make_unique<tmem::optim::AdamW<B>>(params, adamw);
     masters->attach(*plain);
   } else {
     zero = std::make_unique<tmem::dist::ZeroOptimizer<B>>(
-        comm, params,
-        tmem::dist::ZeroOptions{
-            .stage = stage, .model_dtype = tmem::DType::BF16, .data_parallel = {.bucket_bytes = s.bucket_bytes}},
+        comm, params, tmem::dist::ZeroOptions{.stage = stage, .model_dtype = tmem::DType::BF16, .data_parallel = dp},
         adamw);
   }
   Measured out;
   std::vector<double> times;
   for (std::int64_t step = 0; step < s.steps; ++step) {
     const auto start = std::chrono::steady_clock::now();
+    tmem::PeakWindow window(stats);
     for (const auto& p : params) p.zero_grad();
     tmem::Tape<B> tape;
     std::vector<float> x(static_cast<std::size_t>(s.batch * s.tokens * s.dim));
@@ -106,6 +109,7 @@ Measured run(tmem::dist::Communicator<B>& comm, const Settings& s, int stage, do
       out.bytes[c] = static_cast<double>(stats.live(kCategories[c]) - base[c]);  // final at the last step
     if (stage == 0) plain->step();
     else zero->step();
+    out.peak_gradient_bytes = static_cast<double>(window.peaks()[tmem::MemCategory::Gradient] - base[1]);
     times.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
   }
   std::sort(times.begin(), times.end());
@@ -140,12 +144,27 @@ int main(int argc, char** argv) {
       std::printf("%d rank(s), %lld blocks of width %lld, bucket %lld bytes\n%-6s %4s %-16s %12s %14s %10s\n", n,
                   static_cast<long long>(s.blocks), static_cast<long long>(s.dim),
                   static_cast<long long>(s.bucket_bytes), "stage", "rank", "category", "bytes", "formula", "step ms");
+    std::vector<std::string> overlap_rows;
     for (int stage : {0, 1, 2}) {
       double psi = 0;
-      const Measured mine = run(comm, s, stage, psi);
-      std::vector<Measured> all(static_cast<std::size_t>(n));
+      const Measured mine = run(comm, s, stage, true, psi);
+      const Measured after = run(comm, s, stage, false, psi);
+      std::vector<Measured> all(static_cast<std::size_t>(n)), all_after(static_cast<std::size_t>(n));
       comm.all_gather_host(std::as_bytes(std::span(&mine, 1)), std::as_writable_bytes(std::span(all)));
+      comm.all_gather_host(std::as_bytes(std::span(&after, 1)), std::as_writable_bytes(std::span(all_after)));
       report["psi"] = psi;
+      for (int r = 0; r < n; ++r) {
+        const Measured& during = all[static_cast<std::size_t>(r)];
+        const Measured& later = all_after[static_cast<std::size_t>(r)];
+        report["overlap"][std::to_string(stage)].push_back(
+            {{"rank", r},
+             {"during_backward", {{"peak_gradient_bytes", during.peak_gradient_bytes}, {"step_ms", during.step_ms}}},
+             {"after_backward", {{"peak_gradient_bytes", later.peak_gradient_bytes}, {"step_ms", later.step_ms}}}});
+        char row[160];
+        std::snprintf(row, sizeof row, "ZeRO-%d %4d %14.0f %14.0f %10.2f %10.2f", stage, r, during.peak_gradient_bytes,
+                      later.peak_gradient_bytes, during.step_ms, later.step_ms);
+        overlap_rows.emplace_back(row);
+      }
       const std::array<double, 4> f = formula(stage, psi, n);
       for (int r = 0; r < n; ++r) {
         nlohmann::json rank = {{"rank", r}, {"step_ms", all[static_cast<std::size_t>(r)].step_ms}};
@@ -165,6 +184,12 @@ int main(int argc, char** argv) {
         if (comm.rank() == 0) std::printf("ZeRO-%d %4d %-16s %12.0f %14.1f\n", stage, r, "total", total, total_formula);
         report["stages"][std::to_string(stage)].push_back(rank);
       }
+    }
+    if (comm.rank() == 0) {
+      std::printf("\nbuckets sent during backward vs after it: peak gradient bytes in a step, median step ms\n");
+      std::printf("%-6s %4s %14s %14s %10s %10s\n", "stage", "rank", "peak, during", "peak, after", "ms, during",
+                  "ms, after");
+      for (const std::string& row : overlap_rows) std::printf("%s\n", row.c_str());
     }
     if (comm.rank() == 0 && !json_path.empty()) std::ofstream(json_path) << report.dump(2) << "\n";
     return 0;
