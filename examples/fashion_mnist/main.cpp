@@ -525,8 +525,8 @@ void print_rank_memory_table(tmem::dist::Communicator<B>& comm, const RankMemory
   std::printf("ZeRO formula for the model state, psi = %lld: %s = %.0f bytes per rank\n", static_cast<long long>(psi),
               name.c_str(), formula);
   std::printf(
-      "(peaks: the gradient row holds the f32 reduce buckets; under ZeRO-2 the full gradients live "
-      "from backward until they are reduced)\n");
+      "(peaks: the gradient row holds the f32 reduce buckets; under ZeRO-2 a full gradient lives until "
+      "the buckets holding it are reduced, during backward when the model spans several buckets)\n");
 }
 
 /// The data-parallel run: the same global batches as run(), each rank on its slice.
