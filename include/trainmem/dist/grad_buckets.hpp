@@ -103,7 +103,6 @@ class GradBuckets {
  private:
   enum class Phase { Summing, Gathering };
   struct Window {
-    std::int64_t index = 0;
     Range range;
     Phase phase = Phase::Summing;
     Tensor<B> bucket, mine;  // the window in f32; this rank's summed part
@@ -140,7 +139,6 @@ class GradBuckets {
     }
     B& backend = (*params_)[0].value().backend();
     Window window;
-    window.index = w;
     window.range = window_range(w);
     window.bucket = Tensor<B>::empty(Shape{window.range.size()}, DType::F32, MemCategory::Gradient, backend);
     layout_->for_each_piece(window.range, [&](const Piece& piece) {
