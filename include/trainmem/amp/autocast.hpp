@@ -4,9 +4,19 @@
 // guard. Every op entry asks `compute_dtype` with the op's declared category and its
 // inputs' dtypes; ops never hard-code a precision. The rules are PyTorch's CUDA
 // autocast lists: matmul-class ops run in the 16-bit dtype, precision-sensitive ops
-// (softmax, norms, losses, reductions, exp, log) in f32, binary element-wise ops in
-// the widest input dtype. f64 is never narrowed (gradient checks stay exact). A
+// (softmax, losses, reductions, exp, log) in f32, binary element-wise ops in the
+// widest input dtype. f64 is never narrowed (gradient checks stay exact). A
 // checkpoint region captures this state and replays under it.
+//
+// NOTE [Norms in 16-bit storage]
+// PyTorch also lists the norms as f32: a bf16 activation is widened into an f32 copy,
+// normalised into an f32 output and cast back to bf16 by the next matmul — three
+// tensors where one would do. Our norm kernels accumulate in f32 whatever they read, so
+// autocast runs them on the activation's own storage (Fp32Math): a 16-bit x gives a
+// 16-bit y with the weights read in f32 and one rounding of the f32 result, the same
+// bits the matmul would have seen, and the same gradients (dy is that matmul's 16-bit
+// gradient either way; dx is rounded once to x's dtype either way). An f32 x still gives
+// an f32 y. CategoryOverride("layer_norm", AutocastCategory::Fp32) restores PyTorch's rule.
 #pragma once
 
 #include <map>
@@ -49,6 +59,8 @@ struct AutocastState {
     switch (category_of(op)) {
       case AutocastCategory::LowerPrecision: return enabled && !any_f64 ? dtype : wide;
       case AutocastCategory::Fp32: return enabled && !any_f64 ? DType::F32 : wide;
+      case AutocastCategory::Fp32Math:
+        return enabled && !any_f64 ? (!inputs.empty() && is_16bit(inputs[0]) ? inputs[0] : DType::F32) : wide;
       case AutocastCategory::Promote:
       case AutocastCategory::Unchanged: return wide;
     }

@@ -3,7 +3,8 @@
 // Forward keeps the per-row statistics (mean and reciprocal standard deviation for
 // layer norm, the reciprocal root mean square for RMS norm: one accumulator value each
 // per row) so backward needs x, not a normalised copy. Statistics accumulate in f32
-// (f64 for f64); autocast runs both norms in f32.
+// (f64 for f64). Under autocast a 16-bit x is normalised in its own storage with f32
+// math and f32 weights (NOTE [Norms in 16-bit storage] in amp/autocast.hpp).
 #pragma once
 
 #include "trainmem/ops/op_helpers.hpp"
@@ -11,8 +12,15 @@
 namespace trainmem {
 
 namespace detail {
-inline constexpr OpInfo kLayerNormOp{"layer_norm", OpKind::Norm, AutocastCategory::Fp32};
-inline constexpr OpInfo kRmsNormOp{"rms_norm", OpKind::Norm, AutocastCategory::Fp32};
+inline constexpr OpInfo kLayerNormOp{"layer_norm", OpKind::Norm, AutocastCategory::Fp32Math};
+inline constexpr OpInfo kRmsNormOp{"rms_norm", OpKind::Norm, AutocastCategory::Fp32Math};
+
+/// Input i of a norm (a weight) as its kernel reads it: in its own dtype when the data
+/// runs in 16 bits (the kernel widens it; no rounded copy), else in the compute dtype.
+template <class B>
+const Tensor<B>& norm_weight(OpRecorder<B>& rec, std::size_t i) {
+  return is_16bit(rec.compute_dtype()) ? rec.var(i).value() : rec.input(i);
+}
 }  // namespace detail
 
 /// y = (x - mean) / sqrt(var + eps) * gamma + beta over the last dimension.
@@ -28,7 +36,7 @@ Var<B> layer_norm(const Var<B>& x, const Var<B>& gamma, const Var<B>& beta, doub
   OpRecorder<B> rec(op, {x, gamma, beta}, 8.0 * static_cast<double>(x.numel()));
   const DType dtype = rec.compute_dtype();
   const DType stat_dtype = accumulator_dtype(dtype);
-  Tensor<B> tx = rec.input(0), tg = rec.input(1), tb = rec.input(2);
+  Tensor<B> tx = rec.input(0), tg = detail::norm_weight(rec, 1), tb = detail::norm_weight(rec, 2);
   const std::int64_t rows = tx.rows();
   SavedTensor<B> saved_x = rec.save(tx), saved_gamma = rec.save(tg);
   auto out = rec.compute([&] {
@@ -63,7 +71,7 @@ Var<B> rms_norm(const Var<B>& x, const Var<B>& weight, double eps = 1e-6) {
   detail::check(eps > 0.0, "rms_norm: eps must be positive, got ", eps);
   OpRecorder<B> rec(op, {x, weight}, 4.0 * static_cast<double>(x.numel()));
   const DType dtype = rec.compute_dtype();
-  Tensor<B> tx = rec.input(0), tw = rec.input(1);
+  Tensor<B> tx = rec.input(0), tw = detail::norm_weight(rec, 1);
   SavedTensor<B> saved_x = rec.save(tx), saved_weight = rec.save(tw);
   auto out = rec.compute([&] {
     Tensor<B> y = new_tensor(rec.backend(), tx.shape(), dtype);

@@ -13,12 +13,13 @@
 
 namespace trainmem {
 
-/// How autocast treats an op's floating inputs (PyTorch's autocast lists).
+/// How autocast treats an op's floating inputs (PyTorch's autocast lists, plus Fp32Math).
 enum class AutocastCategory : std::uint8_t {
   LowerPrecision,  // run in the autocast dtype (f16/bf16): matmuls
-  Fp32,            // run in f32: softmax, norms, losses, reductions, exp, log
+  Fp32,            // run in f32: softmax, losses, reductions, exp, log
   Promote,         // run in the widest input dtype: binary element-wise ops
   Unchanged,       // run in the input's own dtype
+  Fp32Math,        // f32 math on the data input's storage: norms (a 16-bit x gives a 16-bit y, rounded once)
 };
 
 constexpr std::string_view name_of(AutocastCategory category) {
@@ -27,6 +28,7 @@ constexpr std::string_view name_of(AutocastCategory category) {
     case AutocastCategory::Fp32: return "fp32";
     case AutocastCategory::Promote: return "promote";
     case AutocastCategory::Unchanged: return "unchanged";
+    case AutocastCategory::Fp32Math: return "fp32_math";
   }
   return "?";
 }
