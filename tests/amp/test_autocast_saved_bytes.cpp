@@ -1,16 +1,21 @@
 // tests/amp/test_autocast_saved_bytes.cpp — what a mixed-precision forward keeps for
 // backward, in bytes, and that keeping less changes no value.
 //
-// Three ways autocast keeps fewer bytes, each checked in closed form against
+// Four ways autocast keeps fewer bytes, each checked in closed form against
 // MemoryStats and bit for bit against the same computation written without it:
 //  - an FP32-category op on a 16-bit input keeps the 16-bit original (the widening is
-//    exact): layer_norm and cross_entropy against an explicit cast to f32 first;
+//    exact): layer_norm (under PyTorch's f32 rule) and cross_entropy against an
+//    explicit cast to f32 first;
+//  - a norm on a 16-bit input writes a 16-bit output, f32 math inside: against the f32
+//    norm of the widened input rounded once, forward and backward;
 //  - one activation cast once for every op that casts it (three projections of one
 //    f32 activation keep one bf16 copy);
 //  - feed_forward keeps the GELU's input and not its output: against linear, gelu,
-//    linear written out.
+//    linear written out (and, above its row chunk, runs backward chunk by chunk).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <optional>
 #include <vector>
@@ -50,6 +55,7 @@ TEST_CASE("an FP32-category op on a bf16 input keeps the bf16 original: same gra
   const T x0 = values(Shape{rows, d}, 1, DType::BF16, -2, 2);
   const V gamma = parameter(Shape{d}, 2), beta = parameter(Shape{d}, 3);
   tmem::amp::Autocast autocast(DType::BF16);
+  tmem::amp::CategoryOverride pytorch_rule("layer_norm", tmem::AutocastCategory::Fp32);
   std::vector<std::vector<T>> grads;
   for (const bool explicit_cast : {false, true}) {
     INFO("x cast to f32 by the user first: " << explicit_cast);
@@ -66,6 +72,42 @@ TEST_CASE("an FP32-category op on a bf16 input keeps the bf16 original: same gra
     beta.zero_grad();
   }
   for (std::size_t i = 0; i < 3; ++i) check_same(grads[0][i], grads[1][i]);
+}
+
+TEST_CASE("norms on a bf16 input write bf16 with f32 math: the f32 norm's values rounded once, same gradients",
+          "[amp][saved]") {
+  const std::int64_t rows = 12, d = 16;
+  const T x0 = values(Shape{rows, d}, 21, DType::BF16, -2, 2);
+  const T up0 = values(Shape{rows, d}, 22, DType::BF16);  // a downstream weight, so dy is not uniform
+  const V gamma = parameter(Shape{d}, 23), beta = parameter(Shape{d}, 24);
+  tmem::amp::Autocast autocast(DType::BF16);
+  for (const bool rms : {false, true}) {
+    INFO((rms ? "rms_norm" : "layer_norm"));
+    std::vector<std::vector<T>> results;
+    for (const bool f32_rule : {false, true}) {
+      INFO("PyTorch's f32 rule, then a cast to bf16: " << f32_rule);
+      std::optional<tmem::amp::CategoryOverride> rule;
+      if (f32_rule) rule.emplace(rms ? "rms_norm" : "layer_norm", tmem::AutocastCategory::Fp32);
+      tmem::Tape<B> tape;
+      const V x = tape.input(x0, true), up = tape.input(up0);
+      const std::int64_t before = saved_bytes(), live_before = B::default_instance().memory().live_total();
+      V y = rms ? tmem::rms_norm(x, gamma) : tmem::layer_norm(x, gamma, beta);
+      // mean and rstd (or rstd), f32; x is kept as its bf16 original either way
+      CHECK(saved_bytes() - before == rows * d * 2 + (rms ? 1 : 2) * rows * 4);
+      if (!f32_rule) {
+        REQUIRE(y.dtype() == DType::BF16);
+        // y and the statistics, nothing else: no f32 copy of x, no f32 output (x itself is kept)
+        CHECK(B::default_instance().memory().live_total() - live_before == rows * d * 2 + (rms ? 1 : 2) * rows * 4);
+      }
+      if (f32_rule) y = tmem::cast(y, DType::BF16);
+      tmem::sum(tmem::mul(y, up)).backward();
+      results.push_back({y.value().clone(), x.grad().clone(), gamma.grad().clone()});
+      if (!rms) results.back().push_back(beta.grad().clone());
+      gamma.zero_grad();
+      if (!rms) beta.zero_grad();
+    }
+    for (std::size_t i = 0; i < results[0].size(); ++i) check_same(results[0][i], results[1][i]);
+  }
 }
 
 TEST_CASE("cross_entropy on bf16 logits keeps them in bf16; the gradient is the f32-cast one's", "[amp][saved]") {
@@ -175,4 +217,52 @@ TEST_CASE("feed_forward: the three ops' values and gradients bit for bit, withou
     INFO("result " << i << " (0: y, 1: dx, then dW1, db1, dW2, db2)");
     check_same(results[0][i], results[1][i]);
   }
+}
+
+TEST_CASE("feed_forward above its row chunk: backward chunk by chunk, the three ops' gradients, a smaller peak",
+          "[amp][saved]") {
+  // NOTE [Feed-forward backward in row chunks]: more rows than one chunk, and a last partial chunk.
+  const std::int64_t rows = 8 * tmem::detail::kFeedForwardRowChunk + 100, dim = 2, hidden = 128;
+  const DType dtype = GENERATE(DType::F64, DType::F32);
+  INFO("dtype " << dtype);
+  const T x0 = values(Shape{rows, dim}, 25, dtype, -2, 2);
+  const auto param = [&](Shape shape, std::uint64_t seed) {
+    return V::parameter(values(std::move(shape), seed, dtype));
+  };
+  const V w1 = param(Shape{hidden, dim}, 26), b1 = param(Shape{hidden}, 27);
+  const V w2 = param(Shape{dim, hidden}, 28), b2 = param(Shape{dim}, 29);
+  const std::vector<V> params{w1, b1, w2, b2};
+  auto& memory = B::default_instance().memory();
+  std::vector<std::vector<std::vector<double>>> results;
+  std::vector<std::int64_t> backward_peak;
+  for (const bool fused : {true, false}) {
+    tmem::Tape<B> tape;
+    const V x = tape.input(x0, true);
+    const V y =
+        fused ? tmem::feed_forward(x, w1, b1, w2, b2) : tmem::linear(tmem::gelu(tmem::linear(x, w1, b1)), w2, b2);
+    const V loss = tmem::sum(tmem::mul(y, y));
+    const std::int64_t before = memory.live_total();
+    memory.reset_peak();
+    loss.backward();
+    backward_peak.push_back(memory.peak_total() - before);
+    std::vector<std::vector<double>> r{x.grad().to_host<double>()};
+    for (const V& p : params) {
+      r.push_back(p.grad().to_host<double>());
+      p.zero_grad();
+    }
+    results.push_back(r);
+  }
+  const double tolerance = dtype == DType::F64 ? 1e-12 : 2e-5;  // only the order of the sums over rows differs
+  for (std::size_t i = 0; i < results[0].size(); ++i) {
+    INFO("result " << i << " (0: dx, then dW1, db1, dW2, db2)");
+    double scale = 0.0;
+    for (double v : results[1][i]) scale = std::max(scale, std::abs(v));
+    for (std::size_t k = 0; k < results[0][i].size(); ++k)
+      REQUIRE(std::abs(results[0][i][k] - results[1][i][k]) <= tolerance * scale);
+  }
+  // The unfused backward holds [rows, hidden] tensors whole; chunked, three chunks' worth.
+  const auto element = static_cast<std::int64_t>(dtype == DType::F64 ? 8 : 4);
+  INFO("backward peak above the live bytes: chunked " << backward_peak[0] << ", unfused " << backward_peak[1]);
+  CHECK(backward_peak[1] >= rows * hidden * element);
+  CHECK(backward_peak[0] < rows * hidden * element / 2);
 }

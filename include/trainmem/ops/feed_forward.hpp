@@ -6,10 +6,22 @@
 // gradient): with hidden = 4 dim, h alone is half of the MLP's bytes. h is one
 // element-wise pass over z, which backward keeps anyway, so this op keeps x and z only
 // and recomputes h when it needs it: the same kernels in the same order, so the values
-// and gradients are bit for bit those of the three ops, in 5/9 of the kept bytes
-// (dim + hidden instead of dim + 2 hidden per row).
+// and gradients are bit for bit those of the three ops (up to kFeedForwardRowChunk rows;
+// see below), in 5/9 of the kept bytes (dim + hidden instead of dim + 2 hidden per row).
+//
+// NOTE [Feed-forward backward in row chunks]
+// Backward needs h, dh = dy W_down and dz = gelu'(z) dh: [rows, hidden] each, as big as
+// the z the op keeps, and two of them live at once: at the MLP's backward that was the
+// step's peak (in the shoot-out's GPT, 64 MiB above the live bytes at 116 sequences).
+// Every row of h, dh, dz and dx depends on the same row of z and dy only, so above
+// kFeedForwardRowChunk rows backward runs chunk by chunk: the three are chunk-sized, dx
+// is written a block of rows at a time, and the weight and bias gradients (sums over
+// rows) accumulate over the chunks in the accumulator dtype (f32 for 16-bit) and are
+// rounded once at the end, as one product would round them. Only the order of the
+// f32 sums over row chunks differs from the one-product form.
 #pragma once
 
+#include <algorithm>
 #include <vector>
 
 #include "trainmem/ops/activation.hpp"
@@ -30,6 +42,64 @@ template <class B>
 Tensor<B> gelu_backward_of(const Tensor<B>& dh, const Tensor<B>& z, GeluApproximation approximation) {
   return approximation == GeluApproximation::Tanh ? binary(math::GeluTanhBackward{}, dh, z, dh.dtype())
                                                   : binary(math::GeluErfBackward{}, dh, z, dh.dtype());
+}
+
+/// Rows per chunk of feed_forward's backward (NOTE [Feed-forward backward in row chunks]).
+inline constexpr std::int64_t kFeedForwardRowChunk = 2048;
+
+/// What feed_forward's backward needs and which gradients it makes.
+template <class B>
+struct FeedForwardBackward {
+  Tensor<B> x, z, w_up, w_down;  // x [rows, dim], z [rows, hidden]; x and the weights only where needed
+  std::int64_t dim;
+  GeluApproximation approximation;
+  bool need_x, need_w_up, need_b_up, need_w_down, need_b_down;
+};
+
+/// Backward over row chunks (rows > kFeedForwardRowChunk): grads {dx [rows, dim], dW_up,
+/// db_up, dW_down, db_down}, each defined where asked.
+template <class B>
+std::vector<Tensor<B>> feed_forward_backward_chunked(const FeedForwardBackward<B>& f, const Tensor<B>& dy) {
+  B& backend = dy.backend();
+  const DType dtype = dy.dtype(), acc = accumulator_dtype(dtype);
+  const std::int64_t rows = dy.rows(), out = dy.cols(), hidden = f.z.cols(), dim = f.dim;
+  const bool need_dz = f.need_x || f.need_w_up || f.need_b_up;
+  std::vector<Tensor<B>> g(5);
+  if (f.need_x) g[0] = new_tensor(backend, Shape{rows, dim}, dtype);
+  Tensor<B> dw_up = f.need_w_up ? new_tensor(backend, Shape{hidden, dim}, acc) : Tensor<B>();
+  Tensor<B> db_up = f.need_b_up ? new_tensor(backend, Shape{hidden}, acc) : Tensor<B>();
+  Tensor<B> dw_down = f.need_w_down ? new_tensor(backend, Shape{out, hidden}, acc) : Tensor<B>();
+  if (f.need_b_down) {  // a plain sum over the rows of dy, which is whole anyway
+    g[4] = new_tensor(backend, Shape{out}, dtype);
+    backend.sum_rows(dy, g[4]);
+  }
+  for (std::int64_t r0 = 0; r0 < rows; r0 += kFeedForwardRowChunk) {
+    const std::int64_t r1 = std::min(rows, r0 + kFeedForwardRowChunk), n = r1 - r0;
+    const double beta = r0 == 0 ? 0.0 : 1.0;  // the first chunk writes the sums, the rest add to them
+    const Tensor<B> dy_c = dy.slice(r0, r1), z_c = f.z.slice(r0, r1);
+    if (f.need_w_down) {
+      const Tensor<B> h_c = gelu_of(z_c, f.approximation);
+      GemmArgs args = gemm_args(true, false, 1, out, hidden, n);
+      args.beta = beta;
+      backend.gemm(args, dy_c, h_c, dw_down);
+    }
+    if (!need_dz) continue;
+    Tensor<B> dh_c = new_tensor(backend, Shape{n, hidden}, dtype);
+    gemm(dy_c, false, f.w_down, false, dh_c, 1, n, hidden, out);
+    const Tensor<B> dz_c = gelu_backward_of(dh_c, z_c, f.approximation);
+    dh_c = Tensor<B>();
+    if (f.need_x) gemm(dz_c, false, f.w_up, false, g[0].slice(r0, r1), 1, n, dim, hidden);
+    if (f.need_w_up) {
+      GemmArgs args = gemm_args(true, false, 1, hidden, dim, n);
+      args.beta = beta;
+      backend.gemm(args, dz_c, f.x.slice(r0, r1), dw_up);
+    }
+    if (f.need_b_up) backend.sum_rows(dz_c, db_up, beta);
+  }
+  if (f.need_w_up) g[1] = dw_up.to(dtype);
+  if (f.need_b_up) g[2] = db_up.to(dtype);
+  if (f.need_w_down) g[3] = dw_down.to(dtype);
+  return g;
 }
 }  // namespace detail
 
@@ -91,6 +161,26 @@ Var<B> feed_forward(const Var<B>& x, const Var<B>& w_up, const Var<B>& b_up, con
   return rec.finish(out[0], [=](const Grads<B>& g) {
     Grads<B> grads(n_inputs);
     const Tensor<B> z = saved_z.unpack();
+    if (rows > detail::kFeedForwardRowChunk) {
+      const detail::FeedForwardBackward<B> f{need_w_up ? saved_x.unpack().reshape(Shape{rows, dim}) : Tensor<B>(),
+                                             z.reshape(Shape{rows, hidden}),
+                                             need_x ? saved_w_up.unpack() : Tensor<B>(),
+                                             need_dz ? saved_w_down.unpack() : Tensor<B>(),
+                                             dim,
+                                             approximation,
+                                             need_x,
+                                             need_w_up,
+                                             need_b_up,
+                                             need_w_down,
+                                             need_b_down};
+      std::vector<Tensor<B>> g2 = detail::feed_forward_backward_chunked(f, g[0].reshape(Shape{rows, out_features}));
+      if (need_x) grads[0] = g2[0].reshape(x_shape);
+      grads[1] = g2[1];
+      grads[2] = g2[3];
+      if (has_b_up) grads[i_b_up] = g2[2];
+      if (has_b_down) grads[i_b_down] = g2[4];
+      return grads;
+    }
     Grads<B> down(3);  // dh, dW_down, db_down
     {
       // h again, for the second linear's weight gradient only; freed before GELU's backward.
