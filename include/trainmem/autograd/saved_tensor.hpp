@@ -101,6 +101,8 @@ class SavedTensor {
   }
 
   bool defined() const { return kept_ != nullptr || unpacker_ != nullptr; }
+  /// Whether this holds its tensor (kept), not a placeholder's slot.
+  bool holds_tensor() const { return kept_ != nullptr; }
   const Shape& shape() const { return shape_; }
   DType dtype() const { return dtype_; }
   std::string_view op() const { return op_; }

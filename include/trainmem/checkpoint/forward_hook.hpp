@@ -2,7 +2,8 @@
 //
 // NOTE [Region forward]
 //  - The region keeps its inputs, saved through the enclosing context (the tape, or an
-//    outer region: regions nest, and the innermost owns what is saved inside it).
+//    outer region: regions nest, and the innermost owns what is saved inside it; an
+//    input the outer region drops is dropped by the inner one too, never held by a save).
 //  - Each op's outputs go past the keep decision, which may keep (or offload) them.
 //  - Each tensor an op saves for backward becomes a placeholder naming a slot of the
 //    region, unless it is alive anyway (a parameter, its cached 16-bit cast or its f32
@@ -53,7 +54,10 @@ class ForwardHook final : public SaveHook<B> {
         record_.inputs.push_back(SavedTensor<B>::keep(value, kCheckpointInputOp.name));
       }
       record_.input_requires_grad.push_back(in.requires_grad());
-      alive_.insert(value.storage().get());
+      // An input the enclosing region turned into its own placeholder is not alive anyway:
+      // saves of it here become this region's placeholders too (its recompute fills them
+      // from the input it gets back), or they alone would keep it through the forward.
+      if (record_.inputs.back().holds_tensor()) alive_.insert(value.storage().get());
     }
   }
 
