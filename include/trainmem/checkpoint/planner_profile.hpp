@@ -35,9 +35,13 @@
 
 namespace trainmem {
 
-/// How a segment of the chain runs: plain, as one full-recompute region, or as one
-/// region under policy::save_matmuls (keeps matmul outputs, recomputes the rest).
-enum class StageMode : std::uint8_t { Keep = 0, Recompute = 1, Selective = 2 };
+/// How a segment of the chain runs: plain, as one full-recompute region, as one region
+/// under policy::save_matmuls (keeps matmul outputs, recomputes the rest), or as one
+/// full-recompute region whose stages but the last are regions of their own (Nested:
+/// its recompute keeps only the inner stages' inputs, and each inner stage is
+/// recomputed once more for its own backward; NOTE [Nested segments] in planner_solver.hpp).
+enum class StageMode : std::uint8_t { Keep = 0, Recompute = 1, Selective = 2, Nested = 3 };
+/// Modes a profile measures (Nested's costs follow from Keep's and Recompute's).
 inline constexpr int kStageModes = 3;
 
 inline const char* name_of(StageMode m) {
@@ -45,6 +49,7 @@ inline const char* name_of(StageMode m) {
     case StageMode::Keep: return "keep";
     case StageMode::Recompute: return "recompute";
     case StageMode::Selective: return "selective";
+    case StageMode::Nested: return "nested";
   }
   return "?";
 }
@@ -147,9 +152,12 @@ class ChainRunner {
     const std::vector<Layer<B>>* stages = stages_;
     Var<B> h = x;
     for (const Segment& s : segments_) {
-      auto run = [stages, begin = s.begin, end = s.end](const Var<B>& input) {
+      auto run = [stages, begin = s.begin, end = s.end, nested = s.mode == StageMode::Nested](const Var<B>& input) {
         Var<B> y = input;
-        for (std::int64_t i = begin; i < end; ++i) y = (*stages)[static_cast<std::size_t>(i)](y);
+        for (std::int64_t i = begin; i < end; ++i) {
+          const Layer<B>& stage = (*stages)[static_cast<std::size_t>(i)];
+          y = nested && i + 1 < end ? checkpoint(*y.tape(), stage, y) : stage(y);
+        }
         return y;
       };
       if (s.mode == StageMode::Keep) {

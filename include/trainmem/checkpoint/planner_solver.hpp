@@ -16,6 +16,17 @@
 //
 // Selective regions are one stage long (see solve_once).
 //
+// NOTE [Nested segments]
+// A Nested segment is a full-recompute region whose inner stages (all but the last) are
+// one-stage regions inside it, as Rotor's recursive schedules let a recomputed segment
+// checkpoint again. Its forward is the Recompute region's. Its recompute keeps only the
+// inner stages' outputs (each the next stage's saved input), so it holds one stage's
+// activations at a time instead of the segment's: the inner stages cost what the
+// all-Recompute profile measured for them (forward level and kept bytes, then backward
+// with their own recompute), the last stage what it costs in a Recompute region. The
+// price is one more forward of each inner stage. One level deep: an inner stage is never
+// nested again.
+//
 // NOTE [The dynamic program]
 // best[j][a] = least time for stages [0, j) leaving `a` kept bytes (in buckets of u)
 // with every level so far within the budget M. A segment [j, j') in mode X moves a to
@@ -56,12 +67,30 @@ namespace detail {
 
 inline std::size_t at(std::int64_t i) { return static_cast<std::size_t>(i); }
 
-/// Recompute time of stage k inside a region of mode m (Recompute: its forward; Selective: the
-/// cheap ops, as the one-stage selective region measured).
-inline double recompute_ms(const ChainProfile& p, std::int64_t k, StageMode m) {
+/// The profiled mode whose stage costs a segment of mode m uses (Nested: Recompute's).
+inline int profiled(StageMode m) { return m == StageMode::Nested ? 1 : static_cast<int>(m); }
+
+/// The profiled mode an inner stage of a region of mode m runs backward in: plain after the
+/// region's recompute, or as its own one-stage region inside a Nested segment.
+inline int inner_mode(StageMode m) { return m == StageMode::Nested ? 1 : 0; }
+
+/// Time an inner stage k of a region of mode m adds in backward: its recompute (Recompute: its
+/// forward; Selective: the cheap ops, as the one-stage selective region measured; Nested: its
+/// forward as a one-stage region) and its backward.
+inline double inner_backward_ms(const ChainProfile& p, std::int64_t k, StageMode m) {
   const StageCosts& s = p.stages[at(k)];
-  if (m == StageMode::Recompute) return s.fwd_ms[0];
-  return std::max(0.0, s.bwd_ms[2] - s.bwd_ms[0]);
+  switch (m) {
+    case StageMode::Recompute: return s.fwd_ms[0] + s.bwd_ms[0];
+    case StageMode::Nested: return s.fwd_ms[1] + s.bwd_ms[1];
+    default: return std::max(0.0, s.bwd_ms[2] - s.bwd_ms[0]) + s.bwd_ms[0];
+  }
+}
+
+/// Prefix sums of the backward live changes of profiled mode q: e[k] = sum of stages < k.
+inline std::vector<std::int64_t> backward_change_prefix(const ChainProfile& p, int q, int c) {
+  std::vector<std::int64_t> e(at(p.size() + 1), 0);
+  for (std::int64_t k = 0; k < p.size(); ++k) e[at(k + 1)] = e[at(k)] + p.stages[at(k)].bwd_change[q][c];
+  return e;
 }
 
 /// Backward level of stage k: what stages k.. leave behind, plain profile.
@@ -83,7 +112,7 @@ inline std::int64_t loss_need(const ChainProfile& p, int c) {
 /// running sums must agree with).
 inline SegmentCost segment_cost(const ChainProfile& p, int c, const Segment& s) {
   using detail::at;
-  const auto m = static_cast<int>(s.mode);
+  const int m = detail::profiled(s.mode), q = detail::inner_mode(s.mode);
   const std::int64_t j = s.begin, last = s.end - 1;
   SegmentCost out;
   if (s.mode == StageMode::Keep) {
@@ -111,16 +140,16 @@ inline SegmentCost segment_cost(const ChainProfile& p, int c, const Segment& s) 
   std::int64_t level = 0;
   for (std::int64_t k = j; k < last; ++k) {
     const StageCosts& st = p.stages[at(k)];
-    level = std::max(level, recomputed + st.fwd_peak[0][c]);
-    recomputed += st.kept[0][c] - st.kept[m][c] + st.output_bytes;
-    out.ms += detail::recompute_ms(p, k, s.mode) + st.bwd_ms[0];
+    level = std::max(level, recomputed + st.fwd_peak[q][c]);
+    recomputed += st.kept[q][c] - st.kept[m][c] + st.output_bytes;
+    out.ms += detail::inner_backward_ms(p, k, s.mode);
   }
   const StageCosts& tail = p.stages[at(last)];
   level = std::max(level, recomputed + tail.bwd_peak[m][c]);
   std::int64_t live = recomputed + tail.bwd_change[m][c];
   for (std::int64_t k = last - 1; k >= j; --k) {
-    level = std::max(level, live + p.stages[at(k)].bwd_peak[0][c]);
-    live += p.stages[at(k)].bwd_change[0][c];
+    level = std::max(level, live + p.stages[at(k)].bwd_peak[q][c]);
+    live += p.stages[at(k)].bwd_change[q][c];
   }
   out.bwd_level = level;
   out.ms += tail.bwd_ms[m];
@@ -166,6 +195,7 @@ struct SolverOptions {
   std::int64_t buckets = 2000;  // memory resolution: the budget's range in this many steps
   double work_limit = 2.5e8;    // at most N²·S bucket updates (fewer buckets on long chains)
   bool allow_selective = true;
+  bool allow_nested = true;
 };
 
 /// \brief A solver's answer.
@@ -230,16 +260,17 @@ inline PlanSolution solve_once(const ChainProfile& p, int c, std::int64_t budget
     lo[at(j2)] = std::min(lo[at(j2)], first + shift);  // a superset of the finite entries
     hi[at(j2)] = std::max(hi[at(j2)], last + shift);
   };
-  // Prefix sums of the plain profile for regions' running levels.
-  std::vector<std::int64_t> pe(at(n + 1), 0);  // backward live changes, plain
-  for (std::int64_t k = 0; k < n; ++k) pe[at(k + 1)] = pe[at(k)] + p.stages[at(k)].bwd_change[0][c];
+  // Prefix sums of the backward live changes of inner stages (plain, or one-stage regions).
+  const std::array<std::vector<std::int64_t>, 2> pes{backward_change_prefix(p, 0, c), backward_change_prefix(p, 1, c)};
   for (std::int64_t j = 0; j < n; ++j) {
     if (hi[at(j)] < lo[at(j)]) continue;
     const StageCosts& sj = p.stages[at(j)];
     relax(j, j + 1, 0, SegmentCost{sj.kept[0][c], sj.fwd_peak[0][c], sj.bwd_peak[0][c], sj.fwd_ms[0] + sj.bwd_ms[0]});
-    for (int mode = 1; mode < kStageModes; ++mode) {
-      if (mode == 2 && !o.allow_selective) continue;
+    for (int mode = 1; mode <= static_cast<int>(StageMode::Nested); ++mode) {
       const auto sm = static_cast<StageMode>(mode);
+      if ((sm == StageMode::Selective && !o.allow_selective) || (sm == StageMode::Nested && !o.allow_nested)) continue;
+      const int m = profiled(sm), q = inner_mode(sm);  // the region's stage costs; its inner stages'
+      const std::vector<std::int64_t>& pe = pes[at(q)];
       std::int64_t inner = 0;           // region-kept bytes of stages j..j2-1 minus their outputs
       std::int64_t fwd_level = 0;       // running forward level
       std::int64_t recomputed = 0;      // recompute of stages j..j2-2
@@ -255,23 +286,25 @@ inline PlanSolution solve_once(const ChainProfile& p, int c, std::int64_t budget
         const StageCosts& st = p.stages[at(k)];
         if (k > j) {  // stage k-1 becomes an inner stage
           const StageCosts& in = p.stages[at(k - 1)];
-          recompute_peak = std::max(recompute_peak, recomputed + in.fwd_peak[0][c]);
-          recomputed += in.kept[0][c] - in.kept[mode][c] + in.output_bytes;
-          back_peak = std::max(back_peak, in.bwd_peak[0][c] - pe[at(k)]);
-          inner_ms += recompute_ms(p, k - 1, sm) + in.bwd_ms[0];
+          recompute_peak = std::max(recompute_peak, recomputed + in.fwd_peak[q][c]);
+          recomputed += in.kept[q][c] - in.kept[m][c] + in.output_bytes;
+          back_peak = std::max(back_peak, in.bwd_peak[q][c] - pe[at(k)]);
+          inner_ms += inner_backward_ms(p, k - 1, sm);
         }
         const std::int64_t held = k > j ? p.stages[at(k - 1)].output_bytes : 0;
-        fwd_level = std::max(fwd_level, inner + held + st.fwd_peak[mode][c]);
-        fwd_ms += st.fwd_ms[mode];
-        SegmentCost cost;
-        cost.kept = inner + st.kept[mode][c];
-        cost.fwd_level = fwd_level;
-        cost.bwd_level = std::max(recompute_peak, recomputed + st.bwd_peak[mode][c]);
-        if (k > j)
-          cost.bwd_level = std::max(cost.bwd_level, recomputed + st.bwd_change[mode][c] + pe[at(k)] + back_peak);
-        cost.ms = fwd_ms + inner_ms + st.bwd_ms[mode];
-        relax(j, j2, mode, cost);
-        inner += st.kept[mode][c] - st.output_bytes;
+        fwd_level = std::max(fwd_level, inner + held + st.fwd_peak[m][c]);
+        fwd_ms += st.fwd_ms[m];
+        if (sm != StageMode::Nested || k > j) {  // a one-stage Nested segment is a Recompute one
+          SegmentCost cost;
+          cost.kept = inner + st.kept[m][c];
+          cost.fwd_level = fwd_level;
+          cost.bwd_level = std::max(recompute_peak, recomputed + st.bwd_peak[m][c]);
+          if (k > j)
+            cost.bwd_level = std::max(cost.bwd_level, recomputed + st.bwd_change[m][c] + pe[at(k)] + back_peak);
+          cost.ms = fwd_ms + inner_ms + st.bwd_ms[m];
+          relax(j, j2, mode, cost);
+        }
+        inner += st.kept[m][c] - st.output_bytes;
       }
     }
   }
