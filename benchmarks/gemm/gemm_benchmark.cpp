@@ -43,6 +43,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -380,6 +381,7 @@ int main(int argc, char** argv) {
   int threads = 1;
 #endif
   bool check = false, eigen_half_large = false, no_eigen = false, no_large = false;
+  std::vector<std::string> shape_names;
   app.add_option("--json", json_path, "write the results as a JSON array to this file");
   app.add_option("--reps", reps, "timed repetitions per figure, at least (median reported)")
       ->check(CLI::Range(7, 1000));
@@ -389,6 +391,8 @@ int main(int argc, char** argv) {
   app.add_flag("--eigen-half-large", eigen_half_large, "also time Eigen's half GEMM at 8192x768x768 (~30 s a rep)");
   app.add_flag("--no-eigen", no_eigen, "skip Eigen's own 16-bit GEMM (the slow rows)");
   app.add_flag("--no-large", no_large, "skip 8192x768x768 (time only 512^3 and 1024^3)");
+  app.add_option("--shapes", shape_names, "shapes MxNxK to time instead of 512^3, 1024^3 and 8192x768x768")
+      ->delimiter(',');
   app.add_flag("--check", check, "verify cpu::Backend::gemm against an F64 loop instead of timing");
   CLI11_PARSE(app, argc, argv);
 
@@ -413,11 +417,34 @@ int main(int argc, char** argv) {
   std::printf("err = max |C - C64| / (|A||B|) over %d sampled entries; tol = its bound for the accumulation used\n",
               samples);
   const tmem::cpu::OneDnnSupport onednn = tmem::cpu::onednn_support();
-  std::printf("oneDNN: %s; effective ISA %s, AMX %s\n", onednn.built_in ? "built in" : "not built in", onednn.isa,
-              onednn.amx ? "yes" : "no");
+  std::printf("oneDNN: %s; effective ISA %s, AMX %s, BF16 operands to oneDNN %s\n",
+              onednn.built_in ? "built in" : "not built in", onednn.isa, onednn.amx ? "yes" : "no",
+              onednn.bf16 ? "yes" : "no");
+  if (onednn.built_in) {  // which oneDNN kernel a 1024^3 product of each dtype would run
+    tmem::GemmArgs g;
+    g.m = g.n = g.k = 1024;
+    auto name = [](std::string kernel) { return kernel.empty() ? std::string("none") : kernel; };
+    std::printf("oneDNN kernels at 1024^3: f32 %s, bf16 %s, f16 %s\n",
+                name(tmem::cpu::onednn_kernel_taken<float>(g)).c_str(),
+                name(tmem::cpu::onednn_kernel_taken<tmem::BFloat16>(g)).c_str(),
+                name(tmem::cpu::onednn_kernel_taken<tmem::Half>(g)).c_str());
+  }
   std::mt19937_64 rng(2024);
   std::vector<Shape3> shapes = {{512, 512, 512}, {1024, 1024, 1024}, {8192, 768, 768}};
   if (no_large) shapes.pop_back();
+  if (!shape_names.empty()) {
+    shapes.clear();
+    for (const std::string& name : shape_names) {
+      Shape3 s{};
+      char x1 = 0, x2 = 0;
+      std::istringstream in(name);
+      if (!(in >> s.m >> x1 >> s.n >> x2 >> s.k) || x1 != 'x' || x2 != 'x' || s.m <= 0 || s.n <= 0 || s.k <= 0) {
+        std::fprintf(stderr, "gemm: --shapes %s: expected MxNxK with positive sizes\n", name.c_str());
+        return 2;
+      }
+      shapes.push_back(s);
+    }
+  }
   std::vector<Row> rows;
   for (const auto& s : shapes) {
     const bool native_half = !no_eigen && (s.m <= 1024 || eigen_half_large);

@@ -99,8 +99,9 @@ int main(int argc, char** argv) {
               static_cast<long long>(sizes.seq), static_cast<long long>(batch), rounds, tmem::num_threads());
   const std::string cpu = benchmarks::cpu_description();
   std::printf("CPU: %s\n", cpu.c_str());
-  std::printf("oneDNN: %s; effective ISA %s, AMX %s\n\n", onednn.built_in ? "built in" : "not built in", onednn.isa,
-              onednn.amx ? "yes" : "no");
+  std::printf("oneDNN: %s; effective ISA %s, AMX %s, BF16 operands to oneDNN %s\n\n",
+              onednn.built_in ? "built in" : "not built in", onednn.isa, onednn.amx ? "yes" : "no",
+              onednn.bf16 ? "yes" : "no");
   std::printf("%-10s %12s %12s %12s\n", "precision", "median ms", "q1 ms", "q3 ms");
   nlohmann::json out{{"benchmark", "precision_step"},
                      {"model", {{"blocks", sizes.blocks}, {"dim", sizes.dim}, {"seq", sizes.seq}, {"batch", batch}}},
@@ -108,7 +109,8 @@ int main(int argc, char** argv) {
                      {"threads", tmem::num_threads()},
                      {"cpu", cpu},
                      {"onednn_isa", onednn.isa},
-                     {"amx", onednn.amx}};
+                     {"amx", onednn.amx},
+                     {"bf16_to_onednn", onednn.bf16}};
   std::array<double, 3> medians{};
   for (std::size_t k = 0; k < precisions.size(); ++k) {
     medians[k] = benchmarks::median(ms[k]);

@@ -223,7 +223,7 @@ json peak_neighbourhood(const std::vector<tmem::MemoryStats::TimelineEntry>& eve
 
 /// Which GEMM the products take on this machine (NOTE [CPU GEMM path]): at the default
 /// sizes every product has a dimension below kOneDnnF32MinDim, so F32 stays with Eigen;
-/// 16-bit operands go to oneDNN only where it has AMX.
+/// BF16 operands go to oneDNN where it has AMX or an AMD AVX512-BF16 core (NOTE [CPU GEMM path]).
 std::string gemm_description() {
   const std::string eigen = "Eigen " + std::to_string(EIGEN_WORLD_VERSION) + "." + std::to_string(EIGEN_MAJOR_VERSION) +
                             "." + std::to_string(EIGEN_MINOR_VERSION);
@@ -233,7 +233,8 @@ std::string gemm_description() {
                      " (all of them at the default sizes; rows split over OpenMP threads); 16-bit operands ";
   if (!tmem::cpu::kernels::kHaveOneDnn) text += "widened to F32 for Eigen (built without oneDNN)";
   else if (tmem::cpu::kernels::onednn_has_amx()) text += "multiplied by oneDNN (AMX)";
-  else text += "widened to F32 for Eigen (oneDNN found, but this CPU has no AMX)";
+  else if (tmem::cpu::kernels::onednn_bf16_wins()) text += "(BF16) multiplied by oneDNN (AVX512-BF16 on an AMD core)";
+  else text += "widened to F32 for Eigen (oneDNN found; this CPU has neither AMX nor an AMD AVX512-BF16 core)";
   if (forced != nullptr && *forced != '\0') text += std::string("; TRAINMEM_CPU_GEMM=") + forced;
   return text;
 }

@@ -253,14 +253,25 @@ TEST_CASE("every CPU GEMM path gives C = beta C + bias for k = 0", "[backend][cp
   CHECK(outside == 0);
 }
 
-TEST_CASE("TRAINMEM_CPU_GEMM names a path; the 16-bit rule follows AMX, the F32 rule the shape",
+TEST_CASE("TRAINMEM_CPU_GEMM names a path; the 16-bit rule follows the core, the F32 rule the shape",
           "[backend][cpu][gemm]") {
   GemmArgs g;
   g.m = g.n = g.k = 64;
   const ForcedPath forced(cpu::GemmPath::Auto);
-  // 16-bit operands go to oneDNN exactly where it has AMX (NOTE [CPU GEMM path]).
-  const bool onednn_bf16 = cpu::kernels::onednn_has_amx() && cpu::kernels::onednn_can_gemm<BFloat16, BFloat16>(g);
+  // BF16 operands go to oneDNN where it has AMX, or AVX512-BF16 on an AMD core; F16 only
+  // with AMX (NOTE [CPU GEMM path]).
+  const bool amx = cpu::kernels::onednn_has_amx();
+  const bool bf16_wins =
+      amx || (std::string(cpu::kernels::onednn_isa_name()) == "avx512_core_bf16" && cpu::kernels::cpu_is_amd());
+  CHECK(cpu::kernels::onednn_bf16_wins() == (cpu::kernels::kHaveOneDnn && bf16_wins));
+  const bool onednn_bf16 = cpu::kernels::onednn_bf16_wins() && cpu::kernels::onednn_can_gemm<BFloat16, BFloat16>(g);
   CHECK(std::string(cpu::kernels::gemm_path_name<BFloat16, BFloat16>(g)) == (onednn_bf16 ? "onednn" : "widen"));
+  const bool onednn_f16 = amx && cpu::kernels::onednn_can_gemm<Half, Half>(g);
+  CHECK(std::string(cpu::kernels::gemm_path_name<Half, Half>(g)) == (onednn_f16 ? "onednn" : "widen"));
+  // A oneDNN kernel, where there is one, is never its reference implementation.
+  const std::string kernel = cpu::kernels::onednn_kernel_name<BFloat16, BFloat16>(g);
+  CHECK(kernel.rfind("ref", 0) == std::string::npos);
+  CHECK(kernel.empty() == !cpu::kernels::onednn_can_gemm<BFloat16, BFloat16>(g));
   CHECK(std::string(cpu::kernels::gemm_path_name<double, double>(g)) == "eigen");
   // F32 goes to oneDNN only in the shape class where it measured faster.
   CHECK(std::string(cpu::kernels::gemm_path_name<float, float>(g)) == "eigen");

@@ -272,15 +272,18 @@ namespace trainmem::cpu {
 
 // NOTE [CPU GEMM path]
 // oneDNN multiplies 16-bit operands itself; whether that beats widening them for Eigen
-// depends on the CPU. With AMX, oneDNN's BF16 is 5-7x its F32 (measured at 512^3 and
-// 1024^3 on 2 threads); with AVX512-BF16 but no AMX (oneDNN's avx512_core_bf16 kernels)
-// it is ~0.6-0.7x F32 and slower than widening, and oneDNN 2.6 has no F16 kernel there.
-// So 16-bit operands go to oneDNN exactly where oneDNN reports AMX, else they are
-// widened. F32 operands go to oneDNN when m, n and k are all at least kOneDnnF32MinDim,
-// the shape class where its F32 kernel measured 1.1-1.3x Eigen's (here and on the AMX
-// machine; docs/mixed-precision.md); smaller and thinner products, which nobody measured
-// faster, stay with Eigen. F64 always goes to Eigen. The rule is one of ISA and shape,
-// not a run-time timing probe: a probe on a shared machine measures the neighbours.
+// depends on the CPU's core, so the rule names the core. BF16 operands go to oneDNN where
+// it has AMX (BF16 5-7x its F32, Xeon, 512^3 and 1024^3 on 2 threads) or where the CPU
+// is an AMD with AVX512-BF16 (Zen 4: 1.9-2.0x oneDNN's F32, 2.7x widening); on an Intel
+// core with AVX512-BF16 but no AMX oneDNN's BF16 measured ~0.63x F32, slower than
+// widening, so there they are widened (onednn_bf16_wins()). F16 operands go to oneDNN only
+// with AMX (oneDNN 2.6 has no F16 kernel on AVX512 cores). F32 operands go to oneDNN when
+// m, n and k are all at least kOneDnnF32MinDim, the shape class where its F32 kernel
+// measured 1.1-1.5x Eigen's (Xeon and Zen 4; docs/mixed-precision.md); smaller and
+// thinner products stay with Eigen. F64 always goes to Eigen. oneDNN's reference (non-JIT)
+// kernels never count as a kernel. The rule is one of ISA, vendor and shape, not a
+// run-time timing probe: a probe on a shared machine measures the neighbours, and the
+// path must not change between two runs on one machine (the paths round differently).
 // TRAINMEM_CPU_GEMM=eigen (or widen) | onednn | auto forces a path for every dtype
 // (read once; force_gemm_path() changes it), so tests and benchmarks exercise each path
 // on any CPU; a forced oneDNN falls back to Eigen where oneDNN has no kernel.
@@ -327,8 +330,9 @@ GemmPath gemm_path(const GemmArgs& g, const Epilogue<AccumulatorOf<TA>>& epilogu
       case GemmPath::OneDnn: return onednn_can_gemm<TA, TC>(g, epilogue) ? GemmPath::OneDnn : GemmPath::Eigen;
       default: break;
     }
-    const bool onednn_wins =
-        std::is_same_v<TA, float> ? std::min({g.m, g.n, g.k}) >= kOneDnnF32MinDim : onednn_has_amx();
+    bool onednn_wins = onednn_has_amx();  // F16: only AMX was measured faster than widening
+    if constexpr (std::is_same_v<TA, float>) onednn_wins = std::min({g.m, g.n, g.k}) >= kOneDnnF32MinDim;
+    if constexpr (std::is_same_v<TA, BFloat16>) onednn_wins = onednn_bf16_wins();
     return onednn_wins && onednn_can_gemm<TA, TC>(g, epilogue) ? GemmPath::OneDnn : GemmPath::Eigen;
   }
 }

@@ -15,10 +15,11 @@ struct OneDnnSupport {
   bool built_in = false;     // trainmem was built with oneDNN
   const char* isa = "none";  // oneDNN's effective instruction set on this CPU
   bool amx = false;          // AMX tiles: 16-bit operands go to oneDNN
+  bool bf16 = false;         // BF16 operands go to oneDNN (AMX, or AVX512-BF16 on AMD)
 };
 
 inline OneDnnSupport onednn_support() {
-  return {kernels::kHaveOneDnn, kernels::onednn_isa_name(), kernels::onednn_has_amx()};
+  return {kernels::kHaveOneDnn, kernels::onednn_isa_name(), kernels::onednn_has_amx(), kernels::onednn_bf16_wins()};
 }
 
 /// The path a GEMM of `g`'s shape with operands TA and result TC takes now:
@@ -26,6 +27,12 @@ inline OneDnnSupport onednn_support() {
 template <class TA, class TC = TA>
 const char* gemm_path_taken(const GemmArgs& g) {
   return kernels::gemm_path_name<TA, TC>(g);
+}
+
+/// oneDNN's name for the kernel a GEMM of `g`'s shape would run ("" where none).
+template <class TA, class TC = TA>
+std::string onednn_kernel_taken(const GemmArgs& g) {
+  return kernels::onednn_kernel_name<TA, TC>(g);
 }
 
 }  // namespace trainmem::cpu

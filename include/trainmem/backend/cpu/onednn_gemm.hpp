@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "trainmem/backend/cpu/allocator.hpp"
 #include "trainmem/backend/cpu/gemm_epilogue.hpp"
@@ -31,10 +32,21 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <string_view>
 #include <unordered_map>
 #endif
 
 namespace trainmem::cpu::kernels {
+
+/// Whether this process runs on an AMD CPU (the vendor decides one GEMM rule).
+inline bool cpu_is_amd() {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  __builtin_cpu_init();  // safe to repeat; needed when called before static constructors ran
+  return __builtin_cpu_is("amd");
+#else
+  return false;
+#endif
+}
 
 #if defined(TRAINMEM_WITH_ONEDNN)
 
@@ -69,18 +81,28 @@ inline void onednn_check(dnnl_status_t status, const char* call) {
   if (status != dnnl_success) throw Error(detail::concat("oneDNN: ", call, " failed with status ", status));
 }
 
-/// \brief Whether oneDNN on this CPU multiplies 16-bit operands in hardware matrix units.
-///
-/// AMX (oneDNN's avx512_core_amx and later): BF16 5-7x F32 measured. AVX512-BF16 alone
-/// gives oneDNN's BF16 only ~0.6x its F32, slower than widening, so it does not count.
-/// The effective ISA honours ONEDNN_MAX_CPU_ISA, which masks AMX off for a measurement.
+/// Whether oneDNN's effective ISA on this CPU includes `need` (ONEDNN_MAX_CPU_ISA honoured).
+inline bool onednn_isa_has(dnnl_cpu_isa_t need) {
+  const auto isa = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
+  return (isa & static_cast<unsigned>(need)) == static_cast<unsigned>(need);
+}
+
+/// \brief Whether oneDNN on this CPU multiplies 16-bit operands in AMX tiles.
 inline bool onednn_has_amx() {
-  static const bool amx = [] {
-    const auto isa = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
-    const auto need = static_cast<unsigned>(dnnl_cpu_isa_avx512_core_amx);
-    return (isa & need) == need;
-  }();
+  static const bool amx = onednn_isa_has(dnnl_cpu_isa_avx512_core_amx);
   return amx;
+}
+
+/// \brief Whether oneDNN's BF16 kernels beat widening the operands for Eigen on this CPU.
+///
+/// With AMX: BF16 5-7x oneDNN's F32 (Xeon, 2 threads). With AVX512-BF16 but no AMX the
+/// answer is the core's: an AMD Zen 4 issues VDPBF16PS at the F32 FMA rate, twice the
+/// products per instruction, and oneDNN's BF16 measured 1.9-2.0x its F32 (2.7x widening)
+/// at 512^3-1024^3 on 2 threads; on an Intel core without AMX it measured ~0.63x F32,
+/// slower than widening. Hence AMX, or AVX512-BF16 on an AMD CPU (NOTE [CPU GEMM path]).
+inline bool onednn_bf16_wins() {
+  static const bool wins = onednn_has_amx() || (onednn_isa_has(dnnl_cpu_isa_avx512_core_bf16) && cpu_is_amd());
+  return wins;
 }
 
 inline const char* onednn_isa_name() {
@@ -140,6 +162,7 @@ struct OneDnnMatmul {
   OneDnnPrimitive primitive;
   dnnl_memory_desc_t a{}, b{}, c{}, scratchpad{}, bias{};
   int bias_arg = 0;
+  std::string kernel;  // oneDNN's name for the implementation, e.g. "brg:avx512_core_bf16"
 };
 
 /// \brief The engine, its stream and the primitive cache (one per process).
@@ -192,6 +215,18 @@ class OneDnnMatmuls {
     return describe(md, {batch, rows, cols}, {stride, row_stride, col_stride}, type);
   }
 
+  /// oneDNN's name for the implementation it chose ("" if it will not say).
+  static std::string kernel_name(dnnl_primitive_desc_t pd) {
+    const char* impl = nullptr;
+    if (dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) != dnnl_success || impl == nullptr) return {};
+    return impl;
+  }
+  /// Whether that is the reference (plain C++) implementation: 10-100x slower than either
+  /// path here, so it does not count as a kernel.
+  static bool reference_kernel(std::string_view name) {
+    return name.empty() || name.substr(0, 3) == "ref" || name.find(":ref") != std::string_view::npos;
+  }
+
   /// The primitive for key, or null where oneDNN has no kernel (dtypes, strides, attributes).
   std::unique_ptr<OneDnnMatmul> create(const OneDnnKey& key) const {
     const GemmArgs& g = key.args;
@@ -224,6 +259,8 @@ class OneDnnMatmuls {
                                      &matmul->c) == dnnl_success;
     ok = ok &&
          dnnl_primitive_desc_create(&matmul->pd.handle, &desc, attr.handle, engine_.handle, nullptr) == dnnl_success;
+    if (ok) matmul->kernel = kernel_name(matmul->pd.handle);
+    ok = ok && !reference_kernel(matmul->kernel);
     ok = ok && dnnl_primitive_create(&matmul->primitive.handle, matmul->pd.handle) == dnnl_success;
     if (!ok) return nullptr;  // no kernel for these dtypes, strides or attributes on this CPU
     matmul->scratchpad = *dnnl_primitive_desc_query_md(matmul->pd.handle, dnnl_query_scratchpad_md, 0);
@@ -256,6 +293,17 @@ template <class TA, class TC>
 bool onednn_can_gemm(const GemmArgs& g, const Epilogue<AccumulatorOf<TA>>& epilogue = {}) {
   if constexpr (std::is_same_v<AccumulatorOf<TA>, float>) return onednn_matmul<TA, TC>(g, epilogue) != nullptr;
   else return false;
+}
+
+/// oneDNN's name for the kernel this GEMM would run ("" where it has none).
+template <class TA, class TC>
+std::string onednn_kernel_name(const GemmArgs& g, const Epilogue<AccumulatorOf<TA>>& epilogue = {}) {
+  if constexpr (std::is_same_v<AccumulatorOf<TA>, float>) {
+    const OneDnnMatmul* matmul = onednn_matmul<TA, TC>(g, epilogue);
+    return matmul ? matmul->kernel : std::string();
+  } else {
+    return {};
+  }
 }
 
 /// Runs the GEMM through oneDNN; returns false (and does nothing) where it has no kernel.
@@ -294,7 +342,12 @@ bool onednn_gemm(const GemmArgs& g, const TA* a, const TA* b, TC* c, const Epilo
 
 inline constexpr bool kHaveOneDnn = false;
 inline bool onednn_has_amx() { return false; }
+inline bool onednn_bf16_wins() { return false; }
 inline const char* onednn_isa_name() { return "none"; }
+template <class TA, class TC>
+std::string onednn_kernel_name(const GemmArgs&, const Epilogue<AccumulatorOf<TA>>& = {}) {
+  return {};
+}
 template <class TA, class TC>
 bool onednn_can_gemm(const GemmArgs&, const Epilogue<AccumulatorOf<TA>>& = {}) {
   return false;
