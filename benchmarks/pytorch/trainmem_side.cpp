@@ -223,17 +223,18 @@ json peak_neighbourhood(const std::vector<tmem::MemoryStats::TimelineEntry>& eve
 
 /// Which GEMM the products take on this machine (NOTE [CPU GEMM path]): at the default
 /// sizes every product has a dimension below kOneDnnF32MinDim, so F32 stays with Eigen;
-/// BF16 operands go to oneDNN where it has AMX or an AMD AVX512-BF16 core (NOTE [CPU GEMM path]).
+/// BF16 operands go to oneDNN where it has AMX or an AMD AVX512-BF16 core.
 std::string gemm_description() {
   const std::string eigen = "Eigen " + std::to_string(EIGEN_WORLD_VERSION) + "." + std::to_string(EIGEN_MAJOR_VERSION) +
                             "." + std::to_string(EIGEN_MINOR_VERSION);
+  const tmem::cpu::OneDnnSupport onednn = tmem::cpu::onednn_support();
   const char* forced = std::getenv("TRAINMEM_CPU_GEMM");
   std::string text = eigen + " GEMM for F32 products with a dimension under " +
                      std::to_string(tmem::cpu::kOneDnnF32MinDim) +
                      " (all of them at the default sizes; rows split over OpenMP threads); 16-bit operands ";
-  if (!tmem::cpu::kernels::kHaveOneDnn) text += "widened to F32 for Eigen (built without oneDNN)";
-  else if (tmem::cpu::kernels::onednn_has_amx()) text += "multiplied by oneDNN (AMX)";
-  else if (tmem::cpu::kernels::onednn_bf16_wins()) text += "(BF16) multiplied by oneDNN (AVX512-BF16 on an AMD core)";
+  if (!onednn.built_in) text += "widened to F32 for Eigen (built without oneDNN)";
+  else if (onednn.amx) text += "multiplied by oneDNN (AMX)";
+  else if (onednn.bf16) text += "multiplied by oneDNN where BF16 (AVX512-BF16 on an AMD core), widened where F16";
   else text += "widened to F32 for Eigen (oneDNN found; this CPU has neither AMX nor an AMD AVX512-BF16 core)";
   if (forced != nullptr && *forced != '\0') text += std::string("; TRAINMEM_CPU_GEMM=") + forced;
   return text;

@@ -330,9 +330,10 @@ GemmPath gemm_path(const GemmArgs& g, const Epilogue<AccumulatorOf<TA>>& epilogu
       case GemmPath::OneDnn: return onednn_can_gemm<TA, TC>(g, epilogue) ? GemmPath::OneDnn : GemmPath::Eigen;
       default: break;
     }
-    bool onednn_wins = onednn_has_amx();  // F16: only AMX was measured faster than widening
+    bool onednn_wins = false;
     if constexpr (std::is_same_v<TA, float>) onednn_wins = std::min({g.m, g.n, g.k}) >= kOneDnnF32MinDim;
-    if constexpr (std::is_same_v<TA, BFloat16>) onednn_wins = onednn_bf16_wins();
+    else if constexpr (std::is_same_v<TA, BFloat16>) onednn_wins = onednn_bf16_wins();
+    else onednn_wins = onednn_has_amx();  // F16: only AMX was measured faster than widening
     return onednn_wins && onednn_can_gemm<TA, TC>(g, epilogue) ? GemmPath::OneDnn : GemmPath::Eigen;
   }
 }

@@ -14,8 +14,8 @@ namespace trainmem::cpu {
 struct OneDnnSupport {
   bool built_in = false;     // trainmem was built with oneDNN
   const char* isa = "none";  // oneDNN's effective instruction set on this CPU
-  bool amx = false;          // AMX tiles: 16-bit operands go to oneDNN
-  bool bf16 = false;         // BF16 operands go to oneDNN (AMX, or AVX512-BF16 on AMD)
+  bool amx = false;          // AMX tiles: BF16 and F16 operands go to oneDNN
+  bool bf16 = false;         // BF16 operands go to oneDNN (AMX, or AVX512-BF16 on an AMD core)
 };
 
 inline OneDnnSupport onednn_support() {
