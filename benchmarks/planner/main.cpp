@@ -193,19 +193,29 @@ void run_model(const std::string& name, const Model& model, const Config& c, nlo
     big.stages.clear();
     while (big.stages.size() < 1024)
       big.stages.push_back(profile.stages[1 + big.stages.size() % static_cast<std::size_t>(n - 2)]);
-    const std::int64_t plain_big = tmem::predict(big, {{0, 1024, tmem::StageMode::Keep}}).peak[1];
+    const tmem::PlanPrediction plain_big = tmem::predict(big, {{0, 1024, tmem::StageMode::Keep}});
     for (double f : {0.5, 0.25, 0.1}) {
+      const auto budget = static_cast<std::int64_t>(f * static_cast<double>(plain_big.peak[1]));
       const benchmarks::Stopwatch solve_watch;
-      const tmem::PlanSolution s = tmem::solve_chain(big, tmem::MemChannel::Saved,
-                                                     static_cast<std::int64_t>(f * static_cast<double>(plain_big)));
+      const tmem::PlanSolution s = tmem::solve_chain(big, tmem::MemChannel::Saved, budget);
       const double ms = solve_watch.ms();
-      std::printf("  solve, 1024 stages of %s at %.2f of plain saved: %.1f ms (%s, %zu segments)\n", name.c_str(), f,
-                  ms, s.feasible ? "feasible" : "infeasible", s.segments.size());
+      // The plan's quality, by the model: predicted time against the plain chain's, and
+      // how much of the budget the predicted peak uses.
+      const double time_ratio = s.feasible ? s.prediction.ms / plain_big.ms : 0.0;
+      const double budget_used =
+          s.feasible ? static_cast<double>(s.prediction.peak[1]) / static_cast<double>(budget) : 0.0;
+      std::printf(
+          "  solve, 1024 stages of %s at %.2f of plain saved: %.1f ms (%s, %zu segments; predicted %.3fx the plain "
+          "step, %.1f%% of the budget)\n",
+          name.c_str(), f, ms, s.feasible ? "feasible" : "infeasible", s.segments.size(), time_ratio,
+          100.0 * budget_used);
       solves.push_back({{"model", name + " x1024"},
                         {"stages", 1024},
                         {"budget_fraction", f},
                         {"solve_ms", ms},
-                        {"feasible", s.feasible}});
+                        {"feasible", s.feasible},
+                        {"predicted_time_ratio_vs_none", time_ratio},
+                        {"predicted_budget_used", budget_used}});
     }
   }
 }

@@ -36,7 +36,13 @@
 // segments cost O(1) each before the bucket loop: O(N²·S) with S buckets. With u = 1
 // (small integer costs) the program is exact; with real byte counts u is range/S and
 // the chosen schedule is checked against the exact model (and re-solved with bytes
-// rounded up, which never lets a schedule through, if rounding to nearest did).
+// rounded up, which never lets a schedule through, if rounding to nearest did). Times
+// are floats (16 buckets an AVX-512 instruction). The work limit bounds segments × S;
+// on chains so long that N² segments would leave fewer buckets than stages, segment
+// length is bounded instead (see resolution()): at 1,024 stages 2,000 buckets and
+// segments up to 30 stages solve in 26–31 ms, where all segments at 238 buckets (and
+// doubles) took 79–128 ms and planned the MLP chain up to 1.3× slower (AMD EPYC Zen 4,
+// 2 threads; docs/checkpointing.md).
 #pragma once
 
 #include <algorithm>
@@ -193,7 +199,7 @@ inline PlanPrediction predict(const ChainProfile& p, const std::vector<Segment>&
 /// \brief Solver settings.
 struct SolverOptions {
   std::int64_t buckets = 2000;  // memory resolution: the budget's range in this many steps
-  double work_limit = 2.5e8;    // at most N²·S bucket updates (fewer buckets on long chains)
+  double work_limit = 1.25e8;   // at most segments × S bucket updates (see resolution())
   bool allow_selective = true;
   bool allow_nested = true;
 };
@@ -207,6 +213,47 @@ struct PlanSolution {
 
 namespace detail {
 
+/// How finely one dynamic program works: bytes per bucket and the longest segment it relaxes.
+struct Resolution {
+  std::int64_t u = 1;           // bucket width in bytes (1: exact)
+  std::int64_t max_length = 0;  // stages in the longest segment considered
+};
+
+/// The resolution of a program at `budget` on channel c. All N² segments, with the work
+/// limit's N²·S bucket updates deciding S, while that leaves at least a bucket per stage.
+/// (N²/2 segments of each of the two multi-stage modes.) On longer chains (1,024 stages:
+/// 119 buckets) a stage's kept bytes would be a fraction of a bucket and rounding would
+/// decide the schedule; there the program keeps 2N buckets (at most `buckets`) and relaxes
+/// segments of at most work_limit / (2N·S) stages (30 at 1,024 stages), far longer than
+/// the segments the plans of such chains use.
+inline Resolution resolution(const ChainProfile& p, int c, std::int64_t budget, const SolverOptions& o) {
+  const std::int64_t n = std::max<std::int64_t>(1, p.size());
+  const double nd = static_cast<double>(n);
+  const auto all_segments = static_cast<std::int64_t>(std::min(1e15, o.work_limit / (nd * nd)));
+  Resolution r;
+  std::int64_t buckets = 0;
+  if (all_segments >= std::min(o.buckets, n)) {
+    buckets = std::min(o.buckets, all_segments);
+    r.max_length = n;
+  } else {
+    buckets = std::min(o.buckets, 2 * n);
+    r.max_length = std::clamp<std::int64_t>(
+        static_cast<std::int64_t>(o.work_limit / (2.0 * nd * static_cast<double>(buckets))), 8, n);
+  }
+  buckets = std::max<std::int64_t>(16, buckets);
+  r.u = std::max<std::int64_t>(1, (budget - p.start_live[c] + buckets - 1) / buckets);
+  return r;
+}
+
+/// Whether rounding each segment's bytes to the nearest bucket may give a schedule that
+/// fits: its error, up to u/2 a segment, over as many segments as stages must stay below
+/// a quarter of the budget's range. Where it would not, the round-up pass alone runs.
+inline bool rounding_to_nearest_can_fit(const ChainProfile& p, int c, std::int64_t budget, const SolverOptions& o) {
+  const std::int64_t u = resolution(p, c, budget, o).u;
+  return u == 1 ||
+         static_cast<double>(p.size()) * static_cast<double>(u) <= static_cast<double>(budget - p.start_live[c]) / 2.0;
+}
+
 /// One dynamic program at budget `budget` on channel c (see NOTE [The dynamic program]).
 inline PlanSolution solve_once(const ChainProfile& p, int c, std::int64_t budget, const SolverOptions& o,
                                bool round_up) {
@@ -214,14 +261,12 @@ inline PlanSolution solve_once(const ChainProfile& p, int c, std::int64_t budget
   PlanSolution none;
   const std::int64_t range = budget - p.start_live[c];
   if (range < 0 || p.outside_peak[c] > budget) return none;
-  const double nn = static_cast<double>(n) * static_cast<double>(n);
-  const std::int64_t buckets = std::max<std::int64_t>(
-      16, std::min<std::int64_t>(o.buckets, static_cast<std::int64_t>(o.work_limit / std::max(1.0, nn))));
-  const std::int64_t u = std::max<std::int64_t>(1, (range + buckets - 1) / buckets);
+  const Resolution resolved = resolution(p, c, budget, o);
+  const std::int64_t u = resolved.u;
   const std::int64_t width = range / u + 1;
   const std::vector<std::int64_t> g = leftover_suffix(p, c);
-  constexpr double kInf = std::numeric_limits<double>::infinity();
-  std::vector<double> best(at((n + 1) * width), kInf);
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  std::vector<float> best(at((n + 1) * width), kInf);
   // (j * 4 + mode) of the step into each state; the state it came from is the bucket minus
   // that segment's shift, recomputed when the schedule is read back.
   std::vector<std::int32_t> from(at((n + 1) * width), -1);
@@ -245,14 +290,14 @@ inline PlanSolution solve_once(const ChainProfile& p, int c, std::int64_t budget
     const std::int64_t first = std::max(lo[at(j)], -shift), last = std::min(top, width - 1 - shift);
     if (last < first) return;
     // Rows j and j2 > j of `best` never overlap. The loop is most of the solve: branch-free
-    // and marked simd, it runs 8 buckets an instruction with AVX-512 (OpenMP or -fopenmp-simd on).
-    const double* __restrict src = &best[at(j * width)];
-    double* __restrict dst = &best[at(j2 * width + shift)];
+    // and marked simd, it runs 16 buckets an instruction with AVX-512 (OpenMP or -fopenmp-simd on).
+    const float* __restrict src = &best[at(j * width)];
+    float* __restrict dst = &best[at(j2 * width + shift)];
     std::int32_t* __restrict into = &from[at(j2 * width + shift)];
     const auto code = static_cast<std::int32_t>(j * 4 + mode);
 #pragma omp simd
     for (std::int64_t a = first; a <= last; ++a) {
-      const double v = src[a] + cost.ms;
+      const float v = src[a] + static_cast<float>(cost.ms);
       const bool better = v < dst[a];
       dst[a] = better ? v : dst[a];
       into[a] = better ? code : into[a];
@@ -280,7 +325,7 @@ inline PlanSolution solve_once(const ChainProfile& p, int c, std::int64_t budget
       // Selective regions span one stage: a longer one also keeps each inner stage's
       // last matmul output (the next stage's recompute needs it), which the one-stage
       // profile cannot see; with a residual add after that matmul it saves nothing anyway.
-      const std::int64_t last_end = mode == 2 ? j + 1 : n;
+      const std::int64_t last_end = mode == 2 ? j + 1 : std::min(n, j + resolved.max_length);
       for (std::int64_t j2 = j + 1; j2 <= last_end; ++j2) {
         const std::int64_t k = j2 - 1;  // the region's last stage
         const StageCosts& st = p.stages[at(k)];
@@ -294,6 +339,9 @@ inline PlanSolution solve_once(const ChainProfile& p, int c, std::int64_t budget
         const std::int64_t held = k > j ? p.stages[at(k - 1)].output_bytes : 0;
         fwd_level = std::max(fwd_level, inner + held + st.fwd_peak[m][c]);
         fwd_ms += st.fwd_ms[m];
+        // The forward level only grows with j2: once no bucket of j is below its limit, no
+        // longer segment from j fits either.
+        if (bucket_floor(budget - p.start_live[c] - fwd_level) < lo[at(j)]) break;
         if (sm != StageMode::Nested || k > j) {  // a one-stage Nested segment is a Recompute one
           SegmentCost cost;
           cost.kept = inner + st.kept[m][c];
@@ -338,8 +386,11 @@ inline PlanSolution solve_chain(const ChainProfile& p, MemChannel channel, std::
   const int c = static_cast<int>(channel);
   // Buckets rounded to nearest first; if rounding let a schedule through that the exact
   // model rejects, once more with every segment's bytes rounded up (never lets one through).
-  PlanSolution s = detail::solve_once(p, c, budget, options, false);
-  if (s.feasible && s.prediction.peak[c] <= budget) return s;
+  PlanSolution s;
+  if (detail::rounding_to_nearest_can_fit(p, c, budget, options)) {
+    s = detail::solve_once(p, c, budget, options, false);
+    if (s.feasible && s.prediction.peak[c] <= budget) return s;
+  }
   s = detail::solve_once(p, c, budget, options, true);
   if (s.feasible && s.prediction.peak[c] <= budget) return s;
   return {};
