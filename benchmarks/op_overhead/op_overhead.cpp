@@ -48,11 +48,12 @@ struct OpCase {
 
 int main(int argc, char** argv) {
   CLI::App app{"trainmem host time per op (forward + backward) on tiny tensors"};
-  std::string json_path;
+  std::string json_path, only;
   int chain = 64, reps = 31, warmup = 3;
   app.add_option("--json", json_path, "write the results as a JSON array to this file");
   app.add_option("--chain", chain, "ops per measured step")->check(CLI::Range(1, 100000));
   app.add_option("--reps", reps, "measured steps (median reported)")->check(CLI::Range(3, 100000));
+  app.add_option("--op", only, "measure only this op (for profiling)");
   app.add_option("--warmup", warmup, "unmeasured steps first")->check(CLI::Range(1, 1000));
   CLI11_PARSE(app, argc, argv);
 
@@ -73,6 +74,7 @@ int main(int argc, char** argv) {
       chain, reps, "op", "us per op", "best us");
   nlohmann::json out = nlohmann::json::array();
   for (const auto& op : cases) {
+    if (!only.empty() && op.name != only) continue;
     std::vector<double> per_op_us;
     for (int r = 0; r < warmup + reps; ++r) {
       tmem::Tape<B> tape;

@@ -1,18 +1,20 @@
 // trainmem/autograd/node.hpp — one recorded op: its backward and where grads go.
 //
-// A Node is an op's backward closure (micrograd style: forward computed the outputs,
-// the closure computes input gradients from output gradients and what was saved)
+// A Node is an op's backward closure (micrograd style: forward computed the output,
+// the closure computes input gradients from the output's gradient and what was saved)
 // plus one Edge per input saying where that input's gradient goes: into the node that
 // produced it, into a leaf's .grad (+=), or nowhere. The closure owns the op's
 // SavedTensors; releasing the node destroys them, which is how backward frees memory
-// as it goes.
+// as it goes. During backward the node also holds its output's gradient while the
+// contributions to it are summed, so the walk keeps no table of its own.
 #pragma once
 
 #include <functional>
 #include <memory>
-#include <vector>
+#include <optional>
 
 #include "trainmem/autograd/op_identity.hpp"
+#include "trainmem/core/small_vector.hpp"
 #include "trainmem/core/tensor.hpp"
 
 namespace trainmem {
@@ -31,30 +33,43 @@ struct GradSlot {
 /// \brief Where one input's gradient goes.
 template <class B>
 struct Edge {
-  Node<B>* node = nullptr;            // producer of the input, or
-  int output = 0;                     //   which of its outputs
+  Node<B>* node = nullptr;            // the node that produced the input, or
   std::shared_ptr<GradSlot<B>> leaf;  // the leaf to accumulate into
   DType dtype = DType::F32;           // the input's dtype: its gradient is cast to it
   bool wants_grad() const { return node != nullptr || leaf != nullptr; }
 };
 
+/// Gradients, one per input of an op (undefined where none); inline up to three.
 template <class B>
-using Grads = std::vector<Tensor<B>>;
+using Grads = SmallVector<Tensor<B>, 3>;
 
+/// \brief A recorded op: one output, and its backward (held by NodeWith<B, F>).
 template <class B>
 struct Node {
   const OpIdentity* op = nullptr;
-  std::vector<Edge<B>> inputs;
-  std::vector<DType> output_dtypes;
-  std::vector<Shape> output_shapes;
-  /// Input gradients (one per input, undefined where none) from output gradients.
-  std::function<Grads<B>(const Grads<B>&)> backward;
+  SmallVector<Edge<B>, 3> inputs;
+  /// The output's gradient as backward sums it up; moved out when this node runs.
+  Tensor<B> grad;
+  bool has_grad = false;
   bool released = false;
 
-  void release() {
-    backward = nullptr;
-    released = true;
+  virtual ~Node() = default;
+  /// Input gradients (one per input, undefined where none) from the output's gradient g[0].
+  virtual Grads<B> backward(const Grads<B>& g) = 0;
+  /// Drops the backward closure and the SavedTensors it owns.
+  virtual void release() { released = true; }
+};
+
+/// \brief A Node whose backward is `F`, in the same allocation as the node.
+template <class B, class F>
+struct NodeWith final : Node<B> {
+  explicit NodeWith(F fn) : backward_fn(std::move(fn)) {}
+  Grads<B> backward(const Grads<B>& g) override { return (*backward_fn)(g); }
+  void release() override {
+    backward_fn.reset();
+    this->released = true;
   }
+  std::optional<F> backward_fn;
 };
 
 }  // namespace trainmem

@@ -156,51 +156,57 @@ class Tape {
       if (r.grad_slot->on_ready) r.grad_slot->on_ready();
       return;
     }
-    run_backward(r.grad_fn, r.output_nr, seed_grad, retain_graph);
+    run_backward(r.grad_fn, seed_grad, retain_graph);
   }
 
-  /// Runs backward from output `output` of `start`, seeded with `seed`, over the tape's
-  /// nodes (newest first); without retain_graph each node is released once it has run.
-  void run_backward(Node<B>* start, int output, const Tensor<B>& seed, bool retain_graph) {
-    std::unordered_map<Node<B>*, Grads<B>> pending;
-    pending[start].resize(start->output_dtypes.size());
-    pending[start][static_cast<std::size_t>(output)] = seed;
+  /// Runs backward from `start`, seeded with `seed`, over the tape's nodes (newest
+  /// first); without retain_graph each node is released once it has run.
+  void run_backward(Node<B>* start, const Tensor<B>& seed, bool retain_graph) {
+    start->grad = seed;
+    start->has_grad = true;
+    std::size_t waiting = 1;  // nodes holding a gradient they have not run with yet
     ReadyLeaves ready(nodes_, start);
-    // Nodes run newest first; the start node is somewhere on the tape.
-    for (auto it = nodes_.rbegin(); it != nodes_.rend() && !pending.empty(); ++it) {
-      Node<B>* node = it->get();
-      auto found = pending.find(node);
-      if (found == pending.end()) {
-        ready.passed(*node);
-        continue;
-      }
-      Grads<B> grad_outputs = std::move(found->second);
-      pending.erase(found);
-      detail::check(!node->released, "backward: ", node->op->name,
-                    " was already released by an earlier backward; pass retain_graph=true to run backward twice");
-      for (std::size_t i = 0; i < grad_outputs.size(); ++i)
-        if (!grad_outputs[i].defined())
-          grad_outputs[i] =
-              Tensor<B>::zeros(node->output_shapes[i], node->output_dtypes[i], MemCategory::Temporary, *backend_);
-      Grads<B> grad_inputs = node->backward(grad_outputs);
-      grad_outputs.clear();
-      if (!retain_graph) node->release();
-      for (std::size_t i = 0; i < node->inputs.size(); ++i) {
-        const Edge<B>& edge = node->inputs[i];
-        if (!edge.wants_grad() || i >= grad_inputs.size() || !grad_inputs[i].defined()) continue;
-        Tensor<B> g = grad_inputs[i].to(edge.dtype);
-        if (edge.leaf) {
-          accumulate_into_leaf(*edge.leaf, g);
-        } else {
-          auto& slot = pending[edge.node];
-          if (slot.empty()) slot.resize(edge.node->output_dtypes.size());
-          auto& acc = slot[static_cast<std::size_t>(edge.output)];
-          acc = acc.defined() ? add(acc, g) : g;
+    try {
+      // Nodes run newest first; the start node is somewhere on the tape.
+      for (auto it = nodes_.rbegin(); it != nodes_.rend() && waiting > 0; ++it) {
+        Node<B>* node = it->get();
+        if (!node->has_grad) {
+          ready.passed(*node);
+          continue;
         }
+        Grads<B> grad_output{std::move(node->grad)};
+        node->grad = Tensor<B>();
+        node->has_grad = false;
+        --waiting;
+        detail::check(!node->released, "backward: ", node->op->name,
+                      " was already released by an earlier backward; pass retain_graph=true to run backward twice");
+        Grads<B> grad_inputs = node->backward(grad_output);
+        grad_output.clear();
+        if (!retain_graph) node->release();
+        for (std::size_t i = 0; i < node->inputs.size(); ++i) {
+          const Edge<B>& edge = node->inputs[i];
+          if (!edge.wants_grad() || i >= grad_inputs.size() || !grad_inputs[i].defined()) continue;
+          Tensor<B> g = grad_inputs[i].to(edge.dtype);
+          if (edge.leaf) {
+            accumulate_into_leaf(*edge.leaf, g);
+          } else if (edge.node->has_grad) {
+            edge.node->grad = add(edge.node->grad, g);
+          } else {
+            edge.node->grad = std::move(g);
+            edge.node->has_grad = true;
+            ++waiting;
+          }
+        }
+        ready.ran(*node);
       }
-      ready.ran(*node);
+    } catch (...) {
+      drop_gradients();
+      throw;
     }
-    detail::check(pending.empty(), "backward: a gradient reached a node that is not on this tape");
+    if (waiting > 0) {
+      drop_gradients();
+      detail::check(false, "backward: a gradient reached a node that is not on this tape");
+    }
     ready.finish();
   }
 
@@ -257,6 +263,14 @@ class Tape {
     std::unordered_map<const GradSlot<B>*, std::size_t> index_;
     std::vector<std::pair<GradSlot<B>*, int>> remaining_;  // in the order first met
   };
+
+  /// A backward that stops early leaves no gradient behind in the tape's nodes.
+  void drop_gradients() {
+    for (const auto& node : nodes_) {
+      node->grad = Tensor<B>();
+      node->has_grad = false;
+    }
+  }
 
   Tensor<B> add(const Tensor<B>& a, const Tensor<B>& b) {
     Tensor<B> out = Tensor<B>::empty(a.shape(), a.dtype(), MemCategory::Temporary, *backend_);

@@ -42,7 +42,6 @@ struct VarImpl {
   std::shared_ptr<const detail::TapeLife> tape_life;  // set with tape (Tape::adopt)
   std::uint64_t tape_generation = 0;                  // the tape's generation when this Var was made
   Node<B>* grad_fn = nullptr;
-  int output_nr = 0;
   bool requires_grad = false;
   std::shared_ptr<GradSlot<B>> grad_slot;  // leaves that require grad
   SaveHook<B>* hook = nullptr;             // the hook active when this value was made

@@ -35,6 +35,14 @@ class Shape {
   std::int64_t back() const { return rank_ == 0 ? 1 : dims_[rank_ - 1]; }
   /// The extents, as a view of this Shape.
   std::span<const std::int64_t> extents() const { return {dims_.data(), rank_}; }
+  /// This shape with its last extent set to `last` (a rank-0 shape becomes [last]).
+  Shape with_back(std::int64_t last) const {
+    Shape out = *this;
+    if (out.rank_ == 0) out.rank_ = 1;
+    out.dims_[out.rank_ - 1] = last;
+    out.validate();
+    return out;
+  }
   /// The extents as a vector, to edit into another Shape.
   std::vector<std::int64_t> dims() const { return {dims_.begin(), dims_.begin() + rank_}; }
 

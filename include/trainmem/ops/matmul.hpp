@@ -173,9 +173,7 @@ Var<B> linear(const Var<B>& x, const Var<B>& weight, const Var<B>& bias = Var<B>
     detail::check(bias.shape() == Shape{weight.shape()[0]}, "linear: bias ", bias.shape(), " should be [",
                   weight.shape()[0], "] for weight ", weight.shape());
   const std::int64_t rows = x.value().rows(), in = weight.shape()[1], out_features = weight.shape()[0];
-  auto out_dims = x.shape().dims();
-  out_dims.back() = out_features;
-  const Shape out_shape(out_dims);
+  const Shape out_shape = x.shape().with_back(out_features);
 
   OpRecorder<B> rec(
       info, has_bias ? std::initializer_list<Var<B>>{x, weight, bias} : std::initializer_list<Var<B>>{x, weight},

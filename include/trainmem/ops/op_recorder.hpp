@@ -20,9 +20,10 @@
 // block) is never recomputed.
 #pragma once
 
-#include <functional>
 #include <initializer_list>
 #include <optional>
+#include <span>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -33,18 +34,14 @@
 namespace trainmem {
 
 template <class B>
-using BackwardFn = std::function<Grads<B>(const Grads<B>&)>;
-
-template <class B>
 class OpRecorder {
  public:
   OpRecorder(const OpInfo& op, std::initializer_list<Var<B>> inputs, double flops = 0.0)
-      : OpRecorder(op, std::vector<Var<B>>(inputs), flops) {}
+      : OpRecorder(op, std::span<const Var<B>>(inputs.begin(), inputs.size()), flops) {}
   /// For ops with a run-time number of inputs (concat).
-  OpRecorder(const OpInfo& op, std::vector<Var<B>> inputs, double flops)
-      : op_(op), inputs_(std::move(inputs)), flops_(flops) {
-    std::vector<DType> floating;
-    floating.reserve(inputs_.size());
+  OpRecorder(const OpInfo& op, std::span<const Var<B>> inputs, double flops) : op_(op), flops_(flops) {
+    SmallVector<DType, 4> floating;
+    for (const Var<B>& input : inputs) inputs_.push_back(input);
     for (std::size_t i = 0; i < inputs_.size(); ++i) {
       const VarImpl<B>& v = inputs_[i].impl();
       if (v.checked_tape(op.name) != nullptr) {
@@ -63,7 +60,7 @@ class OpRecorder {
         detail::check(d == floating.front(), op.name, ": operands are ", floating.front(), " and ", d,
                       "; outside autocast matmul-class ops need one dtype (cast first, or run under amp::Autocast)");
     }
-    compute_dtype_ = autocast.compute_dtype(op, floating);
+    compute_dtype_ = autocast.compute_dtype(op, std::span<const DType>(floating.data(), floating.size()));
     hook_ = tape_->hook();
     if (hook_ != nullptr) op_index_ = hook_->begin_op(op);
   }
@@ -73,13 +70,16 @@ class OpRecorder {
   B& backend() const { return tape_->backend(); }
   bool records() const { return records_; }
   /// Whether input i's gradient is wanted (so backward may skip computing it).
-  bool needs_grad(std::size_t i) const { return records_ && inputs_.at(i).requires_grad(); }
+  bool needs_grad(std::size_t i) const { return records_ && var(i).requires_grad(); }
   DType compute_dtype() const { return compute_dtype_; }
-  const Var<B>& var(std::size_t i) const { return inputs_.at(i); }
+  const Var<B>& var(std::size_t i) const {
+    detail::check(i < inputs_.size(), op_.name, ": input ", i, " of ", inputs_.size());
+    return inputs_[i];
+  }
 
   /// Input i in the compute dtype. Parameters are cast once through the cast cache.
   const Tensor<B>& input(std::size_t i) {
-    const Var<B>& v = inputs_.at(i);
+    const Var<B>& v = var(i);
     const Tensor<B>& value = v.value();
     if (!is_floating(value.dtype()) || value.dtype() == compute_dtype_) return value;
     if (cast_.empty()) cast_.resize(inputs_.size());  // most ops cast nothing: no allocation for them
@@ -114,33 +114,28 @@ class OpRecorder {
     return pack(tensor);
   }
 
-  /// The output Var; records a Node with `backward` when recording.
-  Var<B> finish(Tensor<B> output, BackwardFn<B> backward) {
+  /// The output Var; when recording, a Node whose backward is `backward`, a callable
+  /// taking the output's gradient as `const Grads<B>&` (g[0]) and returning Grads<B>,
+  /// one per input.
+  template <class F>
+  Var<B> finish(Tensor<B> output, F&& backward) {
     auto impl = std::make_shared<VarImpl<B>>();
     tape_->adopt(*impl);
     impl->hook = hook_;
     impl->op_index = op_index_;
     if (records_) {
-      auto node = std::make_unique<Node<B>>();
+      auto node = std::make_unique<NodeWith<B, std::decay_t<F>>>(std::forward<F>(backward));
       node->op = &op_;
-      node->output_dtypes = {output.dtype()};
-      node->output_shapes = {output.shape()};
-      node->inputs.reserve(inputs_.size());
       for (const Var<B>& in : inputs_) {
         Edge<B> edge;
         const VarImpl<B>& v = in.impl();
         edge.dtype = v.value.dtype();
         if (v.requires_grad) {
-          if (v.grad_fn != nullptr) {
-            edge.node = v.grad_fn;
-            edge.output = v.output_nr;
-          } else {
-            edge.leaf = v.grad_slot;
-          }
+          if (v.grad_fn != nullptr) edge.node = v.grad_fn;
+          else edge.leaf = v.grad_slot;
         }
         node->inputs.push_back(std::move(edge));
       }
-      node->backward = std::move(backward);
       impl->grad_fn = tape_->record(std::move(node));
       impl->requires_grad = true;
     }
@@ -166,9 +161,9 @@ class OpRecorder {
   }
 
   const OpInfo& op_;
-  std::vector<Var<B>> inputs_;
+  SmallVector<Var<B>, 4> inputs_;
   double flops_;
-  std::vector<std::optional<Tensor<B>>> cast_;  // input i cast to the compute dtype (sized at the first cast)
+  SmallVector<std::optional<Tensor<B>>, 4> cast_;  // input i cast to the compute dtype (sized at the first cast)
   Tape<B>* tape_ = nullptr;
   SaveHook<B>* hook_ = nullptr;
   std::int64_t op_index_ = -1;
