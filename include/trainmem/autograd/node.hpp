@@ -48,9 +48,9 @@ template <class B>
 struct Node {
   const OpIdentity* op = nullptr;
   SmallVector<Edge<B>, 3> inputs;
-  /// The output's gradient as backward sums it up; moved out when this node runs.
+  /// The output's gradient as backward sums it up (defined while this node waits to
+  /// run); moved out when it runs.
   Tensor<B> grad;
-  bool has_grad = false;
   bool released = false;
 
   virtual ~Node() = default;

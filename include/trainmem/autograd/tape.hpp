@@ -163,20 +163,18 @@ class Tape {
   /// first); without retain_graph each node is released once it has run.
   void run_backward(Node<B>* start, const Tensor<B>& seed, bool retain_graph) {
     start->grad = seed;
-    start->has_grad = true;
     std::size_t waiting = 1;  // nodes holding a gradient they have not run with yet
     ReadyLeaves ready(nodes_, start);
     try {
       // Nodes run newest first; the start node is somewhere on the tape.
       for (auto it = nodes_.rbegin(); it != nodes_.rend() && waiting > 0; ++it) {
         Node<B>* node = it->get();
-        if (!node->has_grad) {
+        if (!node->grad.defined()) {
           ready.passed(*node);
           continue;
         }
-        Grads<B> grad_output{std::move(node->grad)};
-        node->grad = Tensor<B>();
-        node->has_grad = false;
+        Grads<B> grad_output(1);
+        std::swap(grad_output[0], node->grad);
         --waiting;
         detail::check(!node->released, "backward: ", node->op->name,
                       " was already released by an earlier backward; pass retain_graph=true to run backward twice");
@@ -189,11 +187,10 @@ class Tape {
           Tensor<B> g = grad_inputs[i].to(edge.dtype);
           if (edge.leaf) {
             accumulate_into_leaf(*edge.leaf, g);
-          } else if (edge.node->has_grad) {
+          } else if (edge.node->grad.defined()) {
             edge.node->grad = add(edge.node->grad, g);
           } else {
             edge.node->grad = std::move(g);
-            edge.node->has_grad = true;
             ++waiting;
           }
         }
@@ -266,10 +263,7 @@ class Tape {
 
   /// A backward that stops early leaves no gradient behind in the tape's nodes.
   void drop_gradients() {
-    for (const auto& node : nodes_) {
-      node->grad = Tensor<B>();
-      node->has_grad = false;
-    }
+    for (const auto& node : nodes_) node->grad = Tensor<B>();
   }
 
   Tensor<B> add(const Tensor<B>& a, const Tensor<B>& b) {
