@@ -41,7 +41,7 @@ trainmem::Var<B> softplus(const trainmem::Var<B>& x) {
   auto out = rec.compute([&] {
     Tensor<B> y = new_tensor(rec.backend(), tx.shape(), dtype);
     rec.backend().map(Softplus{}, tx, y);
-    return std::vector<Tensor<B>>{y};
+    return Outputs<B>{y};
   });
   return rec.finish(out[0], [=](const Grads<B>& g) {
     const Tensor<B> xv = saved_x.unpack();  // under a checkpoint region this may recompute

@@ -622,7 +622,7 @@ inline constexpr OpInfo kSquareOp{"square_for_test", OpKind::Elementwise, Autoca
 V square_with_gradient_factor(const V& x, double factor) {
   OpRecorder<B> rec(kSquareOp, {x}, static_cast<double>(x.numel()));
   const T tx = rec.input(0);
-  auto out = rec.compute([&] { return std::vector<T>{detail::binary(math::Mul{}, tx, tx, rec.compute_dtype())}; });
+  auto out = rec.compute([&] { return Outputs<B>{detail::binary(math::Mul{}, tx, tx, rec.compute_dtype())}; });
   SavedTensor<B> saved = rec.save(tx);
   return rec.finish(out[0], [=](const Grads<B>& g) {
     const T gx = detail::binary(math::Mul{}, g[0], saved.unpack(), g[0].dtype());

@@ -63,7 +63,8 @@ struct Node {
 /// \brief A Node whose backward is `F`, in the same allocation as the node.
 template <class B, class F>
 struct NodeWith final : Node<B> {
-  explicit NodeWith(F fn) : backward_fn(std::move(fn)) {}
+  template <class G>
+  explicit NodeWith(G&& fn) : backward_fn(std::in_place, std::forward<G>(fn)) {}
   Grads<B> backward(const Grads<B>& g) override { return (*backward_fn)(g); }
   void release() override {
     backward_fn.reset();

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -45,22 +46,32 @@ struct VarImpl;
 
 /// \brief Holds a tensor for backward and counts its bytes as a saved activation meanwhile.
 ///
-/// Shared by every copy of whatever keeps it (a SavedTensor captured in a closure, a
-/// checkpoint region's slot); the bytes stop counting as saved when the last copy goes.
+/// A value: every copy is one more keeper of the bytes (the storage counts its keepers),
+/// and the bytes stop counting as saved when the last keeper goes. An empty SavedRef
+/// keeps nothing.
 template <class B>
 class SavedRef {
  public:
-  explicit SavedRef(Tensor<B> tensor) : tensor_(std::move(tensor)) {
-    if (tensor_.defined()) tensor_.storage()->add_saved_ref();
+  SavedRef() = default;
+  explicit SavedRef(Tensor<B> tensor) : tensor_(std::move(tensor)) { add_keeper(); }
+  SavedRef(const SavedRef& other) : tensor_(other.tensor_) { add_keeper(); }
+  SavedRef(SavedRef&& other) noexcept : tensor_(std::move(other.tensor_)) {}
+  SavedRef& operator=(SavedRef other) noexcept {
+    std::swap(tensor_, other.tensor_);
+    return *this;
   }
   ~SavedRef() {
     if (tensor_.defined()) tensor_.storage()->drop_saved_ref();
   }
-  SavedRef(const SavedRef&) = delete;
-  SavedRef& operator=(const SavedRef&) = delete;
+
+  bool holds() const { return tensor_.defined(); }
   const Tensor<B>& tensor() const { return tensor_; }
 
  private:
+  void add_keeper() {
+    if (tensor_.defined()) tensor_.storage()->add_saved_ref();
+  }
+
   Tensor<B> tensor_;
 };
 
@@ -81,7 +92,7 @@ class SavedTensor {
   /// Keeps `tensor`; while kept, a temporary's bytes count as a saved activation.
   static SavedTensor keep(const Tensor<B>& tensor, std::string_view op) {
     SavedTensor saved(op, tensor);
-    saved.kept_ = std::make_shared<const SavedRef<B>>(tensor);
+    saved.kept_ = SavedRef<B>(tensor);
     return saved;
   }
   /// A placeholder for slot `slot` of `unpacker`; holds no bytes.
@@ -90,6 +101,7 @@ class SavedTensor {
     SavedTensor saved(op, tensor);
     saved.unpacker_ = std::move(unpacker);
     saved.slot_ = slot;
+    if (tensor.defined()) saved.placeholder_storage_ = tensor.storage();
     return saved;
   }
 
@@ -100,44 +112,40 @@ class SavedTensor {
     return std::move(*this);
   }
 
-  bool defined() const { return kept_ != nullptr || unpacker_ != nullptr; }
+  bool defined() const { return kept_.holds() || unpacker_ != nullptr; }
   /// Whether this holds its tensor (kept), not a placeholder's slot.
-  bool holds_tensor() const { return kept_ != nullptr; }
-  const Shape& shape() const { return shape_; }
-  DType dtype() const { return dtype_; }
+  bool holds_tensor() const { return kept_.holds(); }
   std::string_view op() const { return op_; }
 
   /// The saved value; throws if its storage was modified in place since the save.
   Tensor<B> unpack() const {
     detail::check(defined(), "SavedTensor::unpack: nothing was saved (op ", op_, ")");
-    if (auto storage = storage_.lock()) {
-      detail::check(storage->version() == version_, op_,
-                    ": a tensor saved for backward was modified in place after it was saved (version ", version_,
-                    " at save, ", storage->version(), " now); backward would use the wrong value");
+    if (kept_.holds()) {
+      check_version(kept_.tensor().version());
+      return unpack_as_ ? kept_.tensor().to(*unpack_as_) : kept_.tensor();
     }
-    const Tensor<B> value = kept_ ? kept_->tensor() : unpacker_->unpack(slot_, *this);
+    // The forward's tensor, if anything still keeps it, must not have changed either.
+    if (auto storage = placeholder_storage_.lock()) check_version(storage->version());
+    const Tensor<B> value = unpacker_->unpack(slot_, *this);
     return unpack_as_ ? value.to(*unpack_as_) : value;
   }
 
  private:
   SavedTensor(std::string_view op, const Tensor<B>& tensor)
-      : op_(op),
-        shape_(tensor.defined() ? tensor.shape() : Shape{}),
-        dtype_(tensor.defined() ? tensor.dtype() : DType::F32) {
-    if (tensor.defined()) {
-      storage_ = tensor.storage();
-      version_ = tensor.version();
-    }
+      : op_(op), version_(tensor.defined() ? tensor.version() : 0) {}
+
+  void check_version(std::uint64_t now) const {
+    detail::check(now == version_, op_,
+                  ": a tensor saved for backward was modified in place after it was saved (version ", version_,
+                  " at save, ", now, " now); backward would use the wrong value");
   }
 
   std::string_view op_;
-  Shape shape_;
-  DType dtype_ = DType::F32;
-  std::shared_ptr<const SavedRef<B>> kept_;
-  std::shared_ptr<Unpacker<B>> unpacker_;
+  SavedRef<B> kept_;                       // the tensor, when kept; or
+  std::shared_ptr<Unpacker<B>> unpacker_;  // the region that fills placeholder slot_
   std::int64_t slot_ = -1;
-  std::optional<DType> unpack_as_;  // set by widened_to
-  std::weak_ptr<Storage<B>> storage_;
+  std::weak_ptr<Storage<B>> placeholder_storage_;  // the forward's tensor, to check its version
+  std::optional<DType> unpack_as_;                 // set by widened_to
   std::uint64_t version_ = 0;
 };
 
@@ -156,7 +164,7 @@ class SaveHook {
   virtual const std::vector<Tensor<B>>* reuse_outputs(std::int64_t op_index) = 0;
   /// The op's outputs, once computed (a policy may keep them).
   virtual void on_outputs(std::int64_t op_index, const OpIdentity& op, double flops,
-                          const std::vector<Tensor<B>>& outputs) = 0;
+                          std::span<const Tensor<B>> outputs) = 0;
   /// Decides how a tensor an op needs in backward is kept.
   virtual SavedTensor<B> pack(const Tensor<B>& tensor, const SaveInfo& info) = 0;
   /// checkpoint_name(x, name) while this hook is active. A hook that keeps nothing by

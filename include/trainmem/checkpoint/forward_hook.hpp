@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <memory>
 #include <set>
+#include <span>
 #include <string_view>
 #include <unordered_map>
 #include <utility>
@@ -66,12 +67,12 @@ class ForwardHook final : public SaveHook<B> {
   const std::vector<Tensor<B>>* reuse_outputs(std::int64_t) override { return nullptr; }
 
   void on_outputs(std::int64_t op_index, const OpIdentity& op, double flops,
-                  const std::vector<Tensor<B>>& outputs) override {
+                  std::span<const Tensor<B>> outputs) override {
     compute_event_[op_index] = events_++;
     output_counts_[op_index] = outputs.size();
     std::size_t bytes = 0;
     for (const auto& t : outputs) bytes += t.bytes();
-    keep(op_index, OpSummary{op, bytes, flops, {}}, outputs);
+    keep(op_index, OpSummary{op, bytes, flops, {}}, std::vector<Tensor<B>>(outputs.begin(), outputs.end()));
   }
 
   SavedTensor<B> pack(const Tensor<B>& tensor, const SaveInfo& info) override {

@@ -29,7 +29,7 @@ struct ForwardRecord {
   std::vector<bool> input_requires_grad;
   KeptOutputs<B> kept;
   DeterminismRecord<B> saves;
-  std::vector<std::shared_ptr<const SavedRef<B>>> slots;  // one per placeholder
+  std::vector<SavedRef<B>> slots;  // one per placeholder
   /// The save that fills the last slot: a recompute that reaches it has every slot.
   std::size_t last_placeholder_save = std::numeric_limits<std::size_t>::max();
 };

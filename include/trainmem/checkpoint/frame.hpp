@@ -51,9 +51,9 @@ class RegionFrame final : public Unpacker<B> {
 
   Tensor<B> unpack(std::int64_t slot, const SavedTensor<B>&) override {
     auto& held = record_.slots.at(static_cast<std::size_t>(slot));
-    if (!held) recompute();
-    Tensor<B> t = held->tensor();
-    held.reset();
+    if (!held.holds()) recompute();
+    Tensor<B> t = held.tensor();
+    held = SavedRef<B>();
     return t;
   }
 

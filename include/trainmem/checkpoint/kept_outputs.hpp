@@ -34,7 +34,7 @@ class KeptOutputs {
   void save(std::int64_t op_index, const std::vector<Tensor<B>>& outputs) {
     auto& refs = refs_[op_index];
     for (const auto& t : outputs) {
-      refs.push_back(std::make_shared<const SavedRef<B>>(t));
+      refs.emplace_back(t);
       bytes_ += t.bytes();
     }
     if (op_index >= 0) saved_[op_index] = outputs;
@@ -96,7 +96,7 @@ class KeptOutputs {
   };
 
   std::unordered_map<std::int64_t, std::vector<Tensor<B>>> saved_;
-  std::unordered_map<std::int64_t, std::vector<std::shared_ptr<const SavedRef<B>>>> refs_;
+  std::unordered_map<std::int64_t, std::vector<SavedRef<B>>> refs_;
   std::unordered_map<std::int64_t, Offloaded> offloaded_;
   std::size_t bytes_ = 0;
 };

@@ -100,7 +100,7 @@ template <class B>
 Var<B> planner_probe(const Var<B>& x, std::function<void()> on_backward) {
   OpRecorder<B> rec(kPlannerProbeOp, {x}, 0.0);
   Tensor<B> tx = rec.input(0);
-  auto out = rec.compute([&] { return std::vector<Tensor<B>>{tx}; });
+  auto out = rec.compute([&] { return Outputs<B>{tx}; });
   return rec.finish(out[0], [on_backward = std::move(on_backward)](const Grads<B>& g) {
     on_backward();
     return Grads<B>{g[0]};

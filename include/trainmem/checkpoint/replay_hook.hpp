@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "trainmem/checkpoint/forward_record.hpp"
@@ -39,14 +40,14 @@ class ReplayHook final : public SaveHook<B> {
     return kept;
   }
 
-  void on_outputs(std::int64_t, const OpIdentity&, double, const std::vector<Tensor<B>>&) override {}
+  void on_outputs(std::int64_t, const OpIdentity&, double, std::span<const Tensor<B>>) override {}
 
   /// The k-th save of the recompute fills the slot of the k-th save of the forward.
   SavedTensor<B> pack(const Tensor<B>& tensor, const SaveInfo& info) override {
     const std::size_t k = saves_++;
     const std::int64_t slot = record_.saves.verify(k, tensor, info.op->name);
     if (slot < 0) return {};
-    record_.slots[static_cast<std::size_t>(slot)] = std::make_shared<const SavedRef<B>>(tensor);
+    record_.slots[static_cast<std::size_t>(slot)] = SavedRef<B>(tensor);
     if (early_stop_ && k == record_.last_placeholder_save) throw Stop{};
     return {};
   }

@@ -1,106 +1,135 @@
 // trainmem/core/small_vector.hpp — a vector whose first N elements need no heap.
 //
-// Every recorded op keeps a handful of short lists (its input edges, its gradients); a
-// heap allocation for each was most of an op's host time on small tensors. SmallVector
-// keeps up to N elements inline and moves them all to a std::vector the first time it
-// grows past N, so its elements are always contiguous. Slots past size() hold
-// default-constructed values: a dropped Tensor releases its bytes at once.
+// Every recorded op keeps a handful of short lists (its input edges, its gradients, its
+// outputs); a heap allocation for each was most of an op's host time on small tensors.
+// SmallVector keeps up to N elements in raw inline storage and moves them to the heap the
+// first time it grows past N, so its elements are always contiguous. Only live elements
+// exist: making, moving or dropping a SmallVector of one Tensor touches one Tensor, and a
+// dropped element is destroyed (its bytes released) at once.
 #pragma once
 
-#include <array>
 #include <cstddef>
 #include <initializer_list>
+#include <iterator>
+#include <memory>
+#include <new>
+#include <type_traits>
 #include <utility>
-#include <vector>
 
 namespace trainmem {
 
 /// \brief A contiguous sequence with inline room for N elements (T default-constructible).
 template <class T, std::size_t N>
 class SmallVector {
+  static_assert(N > 0, "SmallVector needs inline room for at least one element");
+
  public:
   SmallVector() = default;
   explicit SmallVector(std::size_t count) { resize(count); }
-  SmallVector(std::initializer_list<T> values) {
-    if (values.size() > N) spill(values.size());
-    for (const T& value : values) push_back(value);
-  }
-  SmallVector(const SmallVector&) = default;
-  SmallVector& operator=(const SmallVector&) = default;
-  SmallVector(SmallVector&& other) noexcept
-      : inline_(std::move(other.inline_)), heap_(std::move(other.heap_)), size_(other.size_), on_heap_(other.on_heap_) {
-    other.reset();
-  }
-  SmallVector& operator=(SmallVector&& other) noexcept {
+  SmallVector(std::initializer_list<T> values) { append(values); }
+  /// The elements of any contiguous range (a std::vector, a span).
+  template <class Range>
+  requires std::is_convertible_v<decltype(*std::data(std::declval<const Range&>())), const T&>
+  explicit SmallVector(const Range& values) { append(values); }
+  SmallVector(const SmallVector& other) { append(other); }
+  SmallVector& operator=(const SmallVector& other) {
     if (this != &other) {
-      inline_ = std::move(other.inline_);
-      heap_ = std::move(other.heap_);
-      size_ = other.size_;
-      on_heap_ = other.on_heap_;
-      other.reset();
+      clear();
+      append(other);
     }
     return *this;
+  }
+  SmallVector(SmallVector&& other) noexcept { take(other); }
+  SmallVector& operator=(SmallVector&& other) noexcept {
+    if (this != &other) {
+      clear();
+      free_heap();
+      take(other);
+    }
+    return *this;
+  }
+  ~SmallVector() {
+    clear();
+    free_heap();
   }
 
   std::size_t size() const { return size_; }
   bool empty() const { return size_ == 0; }
-  T* data() { return on_heap_ ? heap_.data() : inline_.data(); }
-  const T* data() const { return on_heap_ ? heap_.data() : inline_.data(); }
-  T* begin() { return data(); }
-  T* end() { return data() + size_; }
-  const T* begin() const { return data(); }
-  const T* end() const { return data() + size_; }
-  T& operator[](std::size_t i) { return data()[i]; }
-  const T& operator[](std::size_t i) const { return data()[i]; }
-  T& front() { return data()[0]; }
-  const T& front() const { return data()[0]; }
-  T& back() { return data()[size_ - 1]; }
-  const T& back() const { return data()[size_ - 1]; }
+  T* data() { return data_; }
+  const T* data() const { return data_; }
+  T* begin() { return data_; }
+  T* end() { return data_ + size_; }
+  const T* begin() const { return data_; }
+  const T* end() const { return data_ + size_; }
+  T& operator[](std::size_t i) { return data_[i]; }
+  const T& operator[](std::size_t i) const { return data_[i]; }
+  T& front() { return data_[0]; }
+  const T& front() const { return data_[0]; }
+  T& back() { return data_[size_ - 1]; }
+  const T& back() const { return data_[size_ - 1]; }
 
   void push_back(T value) {
-    if (on_heap_) {
-      heap_.push_back(std::move(value));
-    } else if (size_ < N) {
-      inline_[size_] = std::move(value);
-    } else {
-      spill(size_ + 1);
-      heap_.push_back(std::move(value));
-    }
+    if (size_ == capacity_) grow(size_ + 1);
+    ::new (static_cast<void*>(data_ + size_)) T(std::move(value));
     ++size_;
   }
   /// Grows with default-constructed elements or drops the last ones.
   void resize(std::size_t count) {
-    if (!on_heap_ && count > N) spill(count);
-    if (on_heap_) {
-      heap_.resize(count);
-    } else {
-      for (std::size_t i = count; i < size_; ++i) inline_[i] = T();
-    }
-    size_ = count;
+    if (count > capacity_) grow(count);
+    for (; size_ < count; ++size_) ::new (static_cast<void*>(data_ + size_)) T();
+    while (size_ > count) std::destroy_at(data_ + --size_);
   }
   void clear() { resize(0); }
 
  private:
-  /// Moves the inline elements to the heap, with room for `capacity`.
-  void spill(std::size_t capacity) {
-    heap_.reserve(capacity);
-    for (std::size_t i = 0; i < size_; ++i) {
-      heap_.push_back(std::move(inline_[i]));
-      inline_[i] = T();
-    }
-    on_heap_ = true;
-  }
-  void reset() {
-    for (T& slot : inline_) slot = T();
-    heap_.clear();
-    size_ = 0;
-    on_heap_ = false;
+  bool on_heap() const { return data_ != inline_data(); }
+  T* inline_data() { return std::launder(reinterpret_cast<T*>(inline_)); }
+  const T* inline_data() const { return std::launder(reinterpret_cast<const T*>(inline_)); }
+
+  template <class Range>
+  void append(const Range& values) {
+    const std::size_t count = std::size(values);
+    if (size_ + count > capacity_) grow(size_ + count);
+    for (const T& value : values) push_back(value);
   }
 
-  std::array<T, N> inline_{};
-  std::vector<T> heap_;
+  /// Moves the elements to a heap block with room for at least `needed`.
+  void grow(std::size_t needed) {
+    const std::size_t capacity = needed > 2 * capacity_ ? needed : 2 * capacity_;
+    T* block = std::allocator<T>().allocate(capacity);
+    for (std::size_t i = 0; i < size_; ++i) {
+      ::new (static_cast<void*>(block + i)) T(std::move(data_[i]));
+      std::destroy_at(data_ + i);
+    }
+    free_heap();
+    data_ = block;
+    capacity_ = capacity;
+  }
+  void free_heap() {
+    if (on_heap()) std::allocator<T>().deallocate(data_, capacity_);
+    data_ = inline_data();
+    capacity_ = N;
+  }
+  /// Takes `other`'s elements (its heap block, or each inline element moved); leaves it empty.
+  void take(SmallVector& other) noexcept {
+    if (other.on_heap()) {
+      data_ = other.data_;
+      capacity_ = other.capacity_;
+      size_ = other.size_;
+      other.data_ = other.inline_data();
+      other.capacity_ = N;
+      other.size_ = 0;
+      return;
+    }
+    for (std::size_t i = 0; i < other.size_; ++i) ::new (static_cast<void*>(data_ + i)) T(std::move(other.data_[i]));
+    size_ = other.size_;
+    other.clear();
+  }
+
+  alignas(T) std::byte inline_[N * sizeof(T)];
+  T* data_ = inline_data();
   std::size_t size_ = 0;
-  bool on_heap_ = false;
+  std::size_t capacity_ = N;
 };
 
 }  // namespace trainmem

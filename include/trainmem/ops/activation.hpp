@@ -33,7 +33,7 @@ Var<B> activation(const OpInfo& op, const Var<B>& x, Forward forward, Backward b
   Tensor<B> tx = rec.input(0);
   // Inputs are saved before computing, outputs after (see NOTE [Save order] in op_recorder.hpp).
   SavedTensor<B> saved = keep == Keep::Input ? rec.save(tx) : SavedTensor<B>();
-  auto out = rec.compute([&] { return std::vector<Tensor<B>>{unary(forward, tx, dtype)}; });
+  auto out = rec.compute([&] { return Outputs<B>{unary(forward, tx, dtype)}; });
   if (keep == Keep::Output) saved = rec.save(out[0]);
   return rec.finish(out[0],
                     [=](const Grads<B>& g) { return Grads<B>{binary(backward, g[0], saved.unpack(), g[0].dtype())}; });

@@ -47,7 +47,7 @@ Var<B> scaled_dot_product_attention(const Var<B>& q, const Var<B>& k, const Var<
     Tensor<B> o = new_tensor(rec.backend(), sq, dtype);
     Tensor<B> lse = new_tensor(rec.backend(), Shape{sizes.n, sizes.tq}, accumulator_dtype(dtype));
     rec.backend().attention(tq, tk, tv, o, lse, sizes);
-    return std::vector<Tensor<B>>{o, lse};
+    return Outputs<B>{o, lse};
   });
   SavedTensor<B> saved_lse = rec.save(out[1]);
   return rec.finish(out[0], [=](const Grads<B>& g) {

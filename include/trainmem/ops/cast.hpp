@@ -23,7 +23,7 @@ Var<B> cast(const Var<B>& x, DType dtype) {
   if (dtype == x.dtype()) return x;
   OpRecorder<B> rec(op, {x}, 0.0);
   Tensor<B> tx = rec.input(0);
-  auto out = rec.compute([&] { return std::vector<Tensor<B>>{detail::unary(math::Identity{}, tx, dtype)}; });
+  auto out = rec.compute([&] { return Outputs<B>{detail::unary(math::Identity{}, tx, dtype)}; });
   const DType input_dtype = x.dtype();
   return rec.finish(out[0],
                     [=](const Grads<B>& g) { return Grads<B>{detail::unary(math::Identity{}, g[0], input_dtype)}; });

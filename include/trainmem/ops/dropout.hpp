@@ -29,7 +29,7 @@ Var<B> dropout(const Var<B>& x, float p, bool training = true) {
   auto out = rec.compute([&] {
     Tensor<B> y = new_tensor(rec.backend(), tx.shape(), dtype);
     rec.backend().dropout(tx, y, p, stream);
-    return std::vector<Tensor<B>>{y};
+    return Outputs<B>{y};
   });
   return rec.finish(out[0], [=](const Grads<B>& g) {
     Tensor<B> dx = new_tensor(g[0].backend(), g[0].shape(), g[0].dtype());

@@ -39,7 +39,7 @@ Var<B> add_sub(const OpInfo& op, const Var<B>& a, const Var<B>& b, double sign) 
   OpRecorder<B> rec(op, {a, b}, static_cast<double>(a.numel()));
   const DType dtype = rec.compute_dtype();
   Tensor<B> ta = rec.input(0), tb = rec.input(1);
-  auto out = rec.compute([&] { return std::vector<Tensor<B>>{binary(math::AddScaled{sign}, ta, tb, dtype)}; });
+  auto out = rec.compute([&] { return Outputs<B>{binary(math::AddScaled{sign}, ta, tb, dtype)}; });
   const bool need_a = rec.needs_grad(0), need_b = rec.needs_grad(1);
   const Shape b_shape = b.shape();
   return rec.finish(out[0], [=](const Grads<B>& g) {
@@ -78,7 +78,7 @@ Var<B> mul(const Var<B>& a, const Var<B>& b) {
   const bool need_a = rec.needs_grad(0), need_b = rec.needs_grad(1);
   SavedTensor<B> saved_a = need_b ? rec.save(ta) : SavedTensor<B>();
   SavedTensor<B> saved_b = need_a ? rec.save(tb) : SavedTensor<B>();
-  auto out = rec.compute([&] { return std::vector<Tensor<B>>{detail::binary(math::Mul{}, ta, tb, dtype)}; });
+  auto out = rec.compute([&] { return Outputs<B>{detail::binary(math::Mul{}, ta, tb, dtype)}; });
   const Shape b_shape = b.shape();
   return rec.finish(out[0], [=](const Grads<B>& g) {
     Grads<B> grads(2);
@@ -100,7 +100,7 @@ Var<B> div(const Var<B>& a, const Var<B>& b) {
   Tensor<B> ta = rec.input(0), tb = rec.input(1);
   const bool need_a = rec.needs_grad(0), need_b = rec.needs_grad(1);
   SavedTensor<B> saved_b = need_a || need_b ? rec.save(tb) : SavedTensor<B>();
-  auto out = rec.compute([&] { return std::vector<Tensor<B>>{detail::binary(math::Div{}, ta, tb, dtype)}; });
+  auto out = rec.compute([&] { return Outputs<B>{detail::binary(math::Div{}, ta, tb, dtype)}; });
   SavedTensor<B> saved_y = need_b ? rec.save(out[0]) : SavedTensor<B>();
   const Shape b_shape = b.shape();
   return rec.finish(out[0], [=](const Grads<B>& g) {
@@ -122,7 +122,7 @@ Var<B> scale(const Var<B>& x, double alpha) {
   OpRecorder<B> rec(op, {x}, static_cast<double>(x.numel()));
   const DType dtype = rec.compute_dtype();
   Tensor<B> tx = rec.input(0);
-  auto out = rec.compute([&] { return std::vector<Tensor<B>>{detail::unary(math::Scale{alpha}, tx, dtype)}; });
+  auto out = rec.compute([&] { return Outputs<B>{detail::unary(math::Scale{alpha}, tx, dtype)}; });
   return rec.finish(out[0],
                     [=](const Grads<B>& g) { return Grads<B>{detail::unary(math::Scale{alpha}, g[0], g[0].dtype())}; });
 }

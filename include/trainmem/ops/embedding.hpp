@@ -35,7 +35,7 @@ Var<B> embedding(const Var<B>& weight, const Var<B>& id_var) {
   auto out = rec.compute([&] {
     Tensor<B> y = new_tensor(rec.backend(), out_shape, dtype);
     rec.backend().embedding(tw, ids, y);
-    return std::vector<Tensor<B>>{y};
+    return Outputs<B>{y};
   });
   const Shape w_shape = weight.shape();
   return rec.finish(out[0], [=](const Grads<B>& g) {

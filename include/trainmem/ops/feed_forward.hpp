@@ -153,7 +153,7 @@ Var<B> feed_forward(const Var<B>& x, const Var<B>& w_up, const Var<B>& b_up, con
   auto out = rec.compute([&] {
     Tensor<B> z = detail::linear_forward(tx, tw_up, tb_up, z_shape, dtype);
     const Tensor<B> h = detail::gelu_of(z, approximation);
-    return std::vector<Tensor<B>>{detail::linear_forward(h, tw_down, tb_down, y_shape, dtype), z};
+    return Outputs<B>{detail::linear_forward(h, tw_down, tb_down, y_shape, dtype), z};
   });
   SavedTensor<B> saved_z = (need_w_down || need_dz) ? rec.save(out[1]) : SavedTensor<B>();
   const Shape x_shape = x.shape();

@@ -34,7 +34,7 @@ Var<B> cross_entropy(const Var<B>& logits, const Tensor<B>& labels) {
     Tensor<B> loss = new_tensor(rec.backend(), Shape{}, acc);
     Tensor<B> lse = new_tensor(rec.backend(), Shape{tl.shape()[0]}, acc);
     rec.backend().cross_entropy(tl, labels, loss, lse);
-    return std::vector<Tensor<B>>{loss, lse};
+    return Outputs<B>{loss, lse};
   });
   SavedTensor<B> saved_lse = rec.save(out[1]);
   return rec.finish(out[0], [=](const Grads<B>& g) {

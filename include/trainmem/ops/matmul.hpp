@@ -54,7 +54,7 @@ Var<B> matmul_impl(const OpInfo& info, const Var<B>& a, const Var<B>& b, bool tr
   auto out = rec.compute([&] {
     Tensor<B> c = new_tensor(rec.backend(), out_shape, dtype);
     gemm(ta, trans_a, tb, trans_b, c, batch, m, n, k);
-    return std::vector<Tensor<B>>{c};
+    return Outputs<B>{c};
   });
   const Shape shape_a = ta.shape(), shape_b = tb.shape();
   return rec.finish(out[0], [=](const Grads<B>& g) {
@@ -184,7 +184,7 @@ Var<B> linear(const Var<B>& x, const Var<B>& weight, const Var<B>& bias = Var<B>
   const bool need_x = rec.needs_grad(0), need_w = rec.needs_grad(1), need_b = has_bias && rec.needs_grad(2);
   SavedTensor<B> saved_x = need_w ? rec.save(tx) : SavedTensor<B>();
   SavedTensor<B> saved_w = need_x ? rec.save(tw) : SavedTensor<B>();
-  auto out = rec.compute([&] { return std::vector<Tensor<B>>{detail::linear_forward(tx, tw, tb, out_shape, dtype)}; });
+  auto out = rec.compute([&] { return Outputs<B>{detail::linear_forward(tx, tw, tb, out_shape, dtype)}; });
   const Shape x_shape = x.shape();
   return rec.finish(out[0], [=](const Grads<B>& g) {
     Grads<B> grads(has_bias ? 3 : 2);

@@ -44,7 +44,7 @@ Var<B> layer_norm(const Var<B>& x, const Var<B>& gamma, const Var<B>& beta, doub
     Tensor<B> mean = new_tensor(rec.backend(), Shape{rows}, stat_dtype);
     Tensor<B> rstd = new_tensor(rec.backend(), Shape{rows}, stat_dtype);
     rec.backend().layer_norm(tx, tg, tb, y, mean, rstd, eps);
-    return std::vector<Tensor<B>>{y, mean, rstd};
+    return Outputs<B>{y, mean, rstd};
   });
   SavedTensor<B> saved_mean = rec.save(out[1]), saved_rstd = rec.save(out[2]);
   return rec.finish(out[0], [=](const Grads<B>& g) {
@@ -77,7 +77,7 @@ Var<B> rms_norm(const Var<B>& x, const Var<B>& weight, double eps = 1e-6) {
     Tensor<B> y = new_tensor(rec.backend(), tx.shape(), dtype);
     Tensor<B> rstd = new_tensor(rec.backend(), Shape{tx.rows()}, accumulator_dtype(dtype));
     rec.backend().rms_norm(tx, tw, y, rstd, eps);
-    return std::vector<Tensor<B>>{y, rstd};
+    return Outputs<B>{y, rstd};
   });
   SavedTensor<B> saved_rstd = rec.save(out[1]);
   return rec.finish(out[0], [=](const Grads<B>& g) {

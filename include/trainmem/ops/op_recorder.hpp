@@ -33,6 +33,11 @@
 
 namespace trainmem {
 
+/// An op's output tensors: the first is its Var's value, the rest what its backward
+/// needs (layer norm's mean and rstd, a log-sum-exp); inline up to three.
+template <class B>
+using Outputs = SmallVector<Tensor<B>, 3>;
+
 template <class B>
 class OpRecorder {
  public:
@@ -93,15 +98,16 @@ class OpRecorder {
     return *cast_[i];
   }
 
-  /// Runs `forward` (returning the op's output tensors) unless the active region kept
-  /// this op's outputs in forward and is now replaying, in which case those are reused.
+  /// Runs `forward` (returning the op's Outputs) unless the active region kept this op's
+  /// outputs in forward and is now replaying, in which case those are reused.
   template <class F>
-  std::vector<Tensor<B>> compute(F&& forward) {
+  Outputs<B> compute(F&& forward) {
     if (hook_ != nullptr) {
-      if (const auto* kept = hook_->reuse_outputs(op_index_)) return *kept;
+      if (const auto* kept = hook_->reuse_outputs(op_index_)) return Outputs<B>(*kept);
     }
-    std::vector<Tensor<B>> outputs = std::forward<F>(forward)();
-    if (hook_ != nullptr) hook_->on_outputs(op_index_, op_, flops_, outputs);
+    Outputs<B> outputs = std::forward<F>(forward)();
+    if (hook_ != nullptr)
+      hook_->on_outputs(op_index_, op_, flops_, std::span<const Tensor<B>>(outputs.data(), outputs.size()));
     return outputs;
   }
 

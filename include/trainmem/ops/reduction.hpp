@@ -30,7 +30,7 @@ Var<B> reduce_all(const OpInfo& op, const Var<B>& x, bool mean) {
     Tensor<B> s = new_tensor(rec.backend(), Shape{}, acc);
     rec.backend().sum_all(tx, s);
     if (mean) rec.backend().map(math::Scale{factor}, s, s);
-    return std::vector<Tensor<B>>{s};
+    return Outputs<B>{s};
   });
   const Shape shape = tx.shape();
   const DType dtype = tx.dtype();
@@ -63,7 +63,7 @@ Var<B> reduce_axis(const OpInfo& op, const Var<B>& x, int axis, bool keepdim, bo
       rec.backend().sum_axis(tx, s, view);
       if (mean) rec.backend().map(math::Scale{factor}, s, s);
     }
-    return std::vector<Tensor<B>>{s};
+    return Outputs<B>{s};
   });
   const Shape shape = tx.shape();
   const DType dtype = tx.dtype();

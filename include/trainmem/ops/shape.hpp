@@ -28,7 +28,7 @@ Var<B> swap_middle(const OpInfo& op, const Var<B>& x, std::int64_t a, std::int64
   auto out = rec.compute([&] {
     Tensor<B> y = new_tensor(rec.backend(), out_shape, dtype);
     rec.backend().swap_middle_axes(tx, y, a, b, c, d);
-    return std::vector<Tensor<B>>{y};
+    return Outputs<B>{y};
   });
   const Shape in_shape = x.shape();
   return rec.finish(out[0], [=](const Grads<B>& g) {
@@ -47,7 +47,7 @@ Var<B> reshape(const Var<B>& x, Shape shape) {
                 shape, " (", shape.numel(), " elements)");
   OpRecorder<B> rec(op, {x}, 0.0);
   Tensor<B> tx = rec.input(0);
-  auto out = rec.compute([&] { return std::vector<Tensor<B>>{tx.reshape(shape)}; });
+  auto out = rec.compute([&] { return Outputs<B>{tx.reshape(shape)}; });
   const Shape in_shape = x.shape();
   return rec.finish(out[0], [=](const Grads<B>& g) { return Grads<B>{g[0].reshape(in_shape)}; });
 }
@@ -97,7 +97,7 @@ Var<B> causal_mask(const Var<B>& scores) {
   auto out = rec.compute([&] {
     Tensor<B> y = new_tensor(rec.backend(), tx.shape(), dtype);
     rec.backend().causal_mask(tx, y, -std::numeric_limits<double>::infinity());
-    return std::vector<Tensor<B>>{y};
+    return Outputs<B>{y};
   });
   return rec.finish(out[0], [=](const Grads<B>& g) {
     Tensor<B> dx = new_tensor(g[0].backend(), g[0].shape(), g[0].dtype());

@@ -63,7 +63,7 @@ Var<B> slice(const Var<B>& x, int axis, std::int64_t begin, std::int64_t end) {
   auto out = rec.compute([&] {
     Tensor<B> y = new_tensor(rec.backend(), out_shape, tx.dtype());
     detail::copy_block(tx, in_view, begin, y, out_view, 0, end - begin);
-    return std::vector<Tensor<B>>{y};
+    return Outputs<B>{y};
   });
   return rec.finish(out[0], [=](const Grads<B>& g) {
     Tensor<B> dx = Tensor<B>::zeros(in_shape, g[0].dtype(), MemCategory::Temporary, g[0].backend());
@@ -108,7 +108,7 @@ Var<B> concat(const std::vector<Var<B>>& parts, int axis) {
     Tensor<B> y = new_tensor(rec.backend(), out_shape, rec.compute_dtype());
     for (std::size_t i = 0; i < inputs.size(); ++i)
       detail::copy_block(inputs[i], axis_view(shapes[i], at), 0, y, out_view, offsets[i], shapes[i][at]);
-    return std::vector<Tensor<B>>{y};
+    return Outputs<B>{y};
   });
   return rec.finish(out[0], [=](const Grads<B>& g) {
     Grads<B> grads(shapes.size());

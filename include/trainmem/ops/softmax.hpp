@@ -23,7 +23,7 @@ Var<B> softmax_impl(const OpInfo& op, const Var<B>& x, bool log_output) {
   auto out = rec.compute([&] {
     Tensor<B> y = new_tensor(rec.backend(), tx.shape(), dtype);
     rec.backend().softmax(tx, y, log_output);
-    return std::vector<Tensor<B>>{y};
+    return Outputs<B>{y};
   });
   SavedTensor<B> saved_y = rec.save(out[0]);
   return rec.finish(out[0], [=](const Grads<B>& g) {

@@ -9,6 +9,7 @@
 // dtype, 2^-p |ref| for p significand bits. With GELU (tanh form) after the bias, the
 // pre-activation error grows by at most GELU's slope (< 1.13) and the FP32 GELU itself adds
 // a few 1e-7 relative.
+#include <array>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
@@ -153,6 +154,33 @@ TEST_CASE("every CPU GEMM path matches F64: dtypes, transposes, alpha, beta, bia
     CHECK(std::string(taken) == (cs.ab == DType::F32 || cs.ab == DType::F64 ? "eigen" : "widen"));
   // oneDNN multiplies F32 on every x86-64 CPU, so forcing it must take it there.
   if (path == cpu::GemmPath::OneDnn && cs.ab == DType::F32) CHECK(std::string(taken) == "onednn");
+}
+
+TEST_CASE("every CPU GEMM path matches F64 on tiny shapes, on both sides of the loop rule", "[backend][cpu][gemm]") {
+  // m + n + k < kTinyGemmSum multiplies by loops; the sizes reach past that rule as well.
+  const cpu::GemmPath path = GENERATE(from_range(paths()));
+  const auto dtypes = GENERATE(std::pair{DType::F32, DType::F32}, std::pair{DType::BF16, DType::BF16},
+                               std::pair{DType::F64, DType::F64});
+  const auto mnk = GENERATE(std::array<std::int64_t, 3>{1, 1, 1}, std::array<std::int64_t, 3>{4, 4, 4},
+                            std::array<std::int64_t, 3>{1, 7, 3}, std::array<std::int64_t, 3>{6, 6, 7},
+                            std::array<std::int64_t, 3>{7, 6, 7}, std::array<std::int64_t, 3>{2, 13, 9});
+  const bool ta = GENERATE(false, true), tb = GENERATE(false, true);
+  const auto [alpha, beta] = GENERATE(std::pair{1.0, 0.0}, std::pair{-1.5, 0.0}, std::pair{0.5, 1.0});
+  const ForcedPath forced(path);
+  Case cs{GemmArgs{}, dtypes.first, dtypes.second, false, false, std::nullopt};
+  cs.g.m = mnk[0];
+  cs.g.n = mnk[1];
+  cs.g.k = mnk[2];
+  cs.g.trans_a = ta;
+  cs.g.trans_b = tb;
+  cs.g.alpha = alpha;
+  cs.g.beta = beta;
+  B backend;
+  INFO("forced " << path_name(path) << "; " << cs.ab << " [" << cs.g.m << ", " << cs.g.n << ", " << cs.g.k
+                 << "] trans_a " << ta << " trans_b " << tb << " alpha " << alpha << " beta " << beta);
+  const auto [outside, worst] = run_case(cs, backend);
+  INFO("outside bound: " << outside << ", worst error/bound " << worst);
+  CHECK(outside == 0);
 }
 
 TEST_CASE("the widening path chunks a deep k: F64 accuracy, workspace far below one widened operand",

@@ -49,10 +49,57 @@ using RowMap = Eigen::Map<RowMatrix<T>, Eigen::Unaligned, Eigen::OuterStride<>>;
 template <class T>
 using ConstRowMap = Eigen::Map<const RowMatrix<T>, Eigen::Unaligned, Eigen::OuterStride<>>;
 
+/// Below this m + n + k Eigen multiplies coefficient by coefficient (its
+/// EIGEN_GEMM_TO_COEFFBASED_THRESHOLD), building an evaluator and calling a reduction for
+/// each entry of C: 60-100 ns for a 4x4 product, most of an op's host time. A plain loop
+/// over at most 6x6x6 multiply-adds takes a tenth of that.
+inline constexpr std::int64_t kTinyGemmSum = 20;
+
+/// C = alpha op(A) op(B) + beta C by loops, for m + n + k < kTinyGemmSum. Each entry of
+/// C is summed over p = 0..k-1 in order (as Eigen's coefficient-based product sums), four
+/// entries of a row at a time in registers so their sums overlap in the pipeline.
+template <class T>
+void tiny_gemm(const T* a, std::int64_t lda, bool trans_a, const T* b, std::int64_t ldb, bool trans_b, T* c,
+               std::int64_t ldc, std::int64_t m, std::int64_t n, std::int64_t k, T alpha, T beta) {
+  // op(A)[i, p] and op(B)[p, j] as strides.
+  const std::int64_t a_i = trans_a ? 1 : lda, a_p = trans_a ? lda : 1;
+  const std::int64_t b_p = trans_b ? 1 : ldb, b_j = trans_b ? ldb : 1;
+  const auto store = [&](T& out, T sum) { out = beta == T(0) ? alpha * sum : alpha * sum + beta * out; };
+  for (std::int64_t i = 0; i < m; ++i) {
+    const T* a_row = a + i * a_i;
+    T* c_row = c + i * ldc;
+    std::int64_t j = 0;
+    for (; j + 4 <= n; j += 4) {
+      T s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+      for (std::int64_t p = 0; p < k; ++p) {
+        const T a_ip = a_row[p * a_p];
+        const T* b_pj = b + p * b_p + j * b_j;
+        s0 += a_ip * b_pj[0];
+        s1 += a_ip * b_pj[b_j];
+        s2 += a_ip * b_pj[2 * b_j];
+        s3 += a_ip * b_pj[3 * b_j];
+      }
+      store(c_row[j], s0);
+      store(c_row[j + 1], s1);
+      store(c_row[j + 2], s2);
+      store(c_row[j + 3], s3);
+    }
+    for (; j < n; ++j) {
+      T sum = 0;
+      for (std::int64_t p = 0; p < k; ++p) sum += a_row[p * a_p] * b[p * b_p + j * b_j];
+      store(c_row[j], sum);
+    }
+  }
+}
+
 /// C = alpha op(A) op(B) + beta C with Eigen, for plain float or double matrices.
 template <class T>
 void eigen_gemm(const T* a, std::int64_t lda, bool trans_a, const T* b, std::int64_t ldb, bool trans_b, T* c,
                 std::int64_t ldc, std::int64_t m, std::int64_t n, std::int64_t k, T alpha, T beta) {
+  if (m + n + k < kTinyGemmSum) {
+    tiny_gemm(a, lda, trans_a, b, ldb, trans_b, c, ldc, m, n, k, alpha, beta);
+    return;
+  }
   const std::int64_t a_rows = trans_a ? k : m, a_cols = trans_a ? m : k;
   const std::int64_t b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
   ConstRowMap<T> A(a, a_rows, a_cols, Eigen::OuterStride<>(lda));
@@ -114,6 +161,18 @@ void eigen_path_gemm(const GemmArgs& g, const TA* a, const TA* b, TC* c, const E
   constexpr bool widen_ab = !std::is_same_v<TA, Acc>;
   constexpr bool widen_c = !std::is_same_v<TC, Acc>;
   if (g.batch <= 0 || g.m <= 0 || g.n <= 0) return;
+  if constexpr (!widen_ab && !widen_c) {
+    if (g.m + g.n + g.k < kTinyGemmSum) {  // a few hundred multiply-adds: no threads, no workspace
+      const Acc alpha = static_cast<Acc>(g.alpha), beta = static_cast<Acc>(g.beta);
+      for (std::int64_t e = 0; e < g.batch; ++e) {
+        TC* C = c + e * g.stride_c;
+        tiny_gemm<Acc>(a + e * g.stride_a, g.lda(), g.trans_a, b + e * g.stride_b, g.ldb(), g.trans_b, C, g.ldc(), g.m,
+                       g.n, g.k, alpha, beta);
+        apply_epilogue(epilogue, C, g.ldc(), g.m, g.n);
+      }
+      return;
+    }
+  }
 
   const std::int64_t stacked_rows = g.batch * g.m;
   const int threads = gemm_thread_count(stacked_rows, static_cast<double>(stacked_rows) * g.n * g.k);

@@ -6,8 +6,10 @@
 // sums over the rows.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "trainmem/backend/cpu/kernels/parallel.hpp"
@@ -15,6 +17,33 @@
 #include "trainmem/core/row_math.hpp"
 
 namespace trainmem::cpu::kernels {
+
+/// \brief Column sums of a backward (dgamma, dbeta) accumulated in Acc: straight into the
+/// output when it is Acc, else in a buffer rounded to TP once by finish().
+template <class TP, class Acc>
+class ColumnSums {
+ public:
+  ColumnSums(TP* out, std::int64_t cols) : out_(out), cols_(cols) {
+    if constexpr (std::is_same_v<TP, Acc>) {
+      std::fill(out, out + cols, Acc(0));
+      sums_ = out;
+    } else {
+      buffer_.assign(static_cast<std::size_t>(cols), Acc(0));
+      sums_ = buffer_.data();
+    }
+  }
+  Acc& operator[](std::int64_t c) { return sums_[c]; }
+  void finish() {
+    if constexpr (!std::is_same_v<TP, Acc>)
+      for (std::int64_t c = 0; c < cols_; ++c) out_[c] = detail::narrow<TP>(sums_[c]);
+  }
+
+ private:
+  TP* out_;
+  std::int64_t cols_;
+  std::vector<Acc> buffer_;  // empty when TP is Acc
+  Acc* sums_;
+};
 
 /// y = (x - mean) * rstd * gamma + beta per row; keeps mean and rstd (accumulator type).
 template <class T, class TP, class Acc>
@@ -47,8 +76,7 @@ template <class T, class TP, class Acc>
 void layer_norm_backward(const T* dy, const T* x, const TP* gamma, const Acc* mean, const Acc* rstd, T* dx, TP* dgamma,
                          TP* dbeta, std::int64_t rows, std::int64_t cols) {
   auto w = [](auto v) { return static_cast<Acc>(detail::widen(v)); };
-  std::vector<Acc> dgamma_acc(static_cast<std::size_t>(cols), Acc(0)),
-      dbeta_acc(static_cast<std::size_t>(cols), Acc(0));
+  ColumnSums<TP, Acc> dgamma_acc(dgamma, cols), dbeta_acc(dbeta, cols);
   for (std::int64_t r = 0; r < rows; ++r) {
     const T *dyr = dy + r * cols, *xr = x + r * cols;
     const math::LayerNormBackwardRow<Acc> row{mean[r], rstd[r]};
@@ -62,10 +90,8 @@ void layer_norm_backward(const T* dy, const T* x, const TP* gamma, const Acc* me
     for (std::int64_t c = 0; c < cols; ++c)
       dx[r * cols + c] = detail::narrow<T>(row(w(dyr[c]), w(xr[c]), w(gamma[c]), sum_g, sum_g_xhat, inv_cols));
   }
-  for (std::int64_t c = 0; c < cols; ++c) {
-    dgamma[c] = detail::narrow<TP>(dgamma_acc[c]);
-    dbeta[c] = detail::narrow<TP>(dbeta_acc[c]);
-  }
+  dgamma_acc.finish();
+  dbeta_acc.finish();
 }
 
 /// y = x * rstd * weight per row with rstd = 1 / sqrt(mean(x^2) + eps); keeps rstd (accumulator type).
@@ -87,7 +113,7 @@ template <class T, class TP, class Acc>
 void rms_norm_backward(const T* dy, const T* x, const TP* weight, const Acc* rstd, T* dx, TP* dweight,
                        std::int64_t rows, std::int64_t cols) {
   auto w = [](auto v) { return static_cast<Acc>(detail::widen(v)); };
-  std::vector<Acc> dweight_acc(static_cast<std::size_t>(cols), Acc(0));
+  ColumnSums<TP, Acc> dweight_acc(dweight, cols);
   const Acc inv_cols = Acc(1) / static_cast<Acc>(cols);
   for (std::int64_t r = 0; r < rows; ++r) {
     const T *dyr = dy + r * cols, *xr = x + r * cols;
@@ -100,7 +126,7 @@ void rms_norm_backward(const T* dy, const T* x, const TP* weight, const Acc* rst
     for (std::int64_t c = 0; c < cols; ++c)
       dx[r * cols + c] = detail::narrow<T>(row(w(dyr[c]), w(xr[c]), w(weight[c]), sum_g_xhat, inv_cols));
   }
-  for (std::int64_t c = 0; c < cols; ++c) dweight[c] = detail::narrow<TP>(dweight_acc[c]);
+  dweight_acc.finish();
 }
 
 }  // namespace trainmem::cpu::kernels
