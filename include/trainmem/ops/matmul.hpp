@@ -175,9 +175,8 @@ Var<B> linear(const Var<B>& x, const Var<B>& weight, const Var<B>& bias = Var<B>
   const std::int64_t rows = x.value().rows(), in = weight.shape()[1], out_features = weight.shape()[0];
   const Shape out_shape = x.shape().with_back(out_features);
 
-  OpRecorder<B> rec(
-      info, has_bias ? std::initializer_list<Var<B>>{x, weight, bias} : std::initializer_list<Var<B>>{x, weight},
-      2.0 * rows * in * out_features);
+  using Inputs = typename OpRecorder<B>::Inputs;
+  OpRecorder<B> rec(info, has_bias ? Inputs{x, weight, bias} : Inputs{x, weight}, 2.0 * rows * in * out_features);
   const DType dtype = rec.compute_dtype();
   Tensor<B> tx = rec.input(0), tw = rec.input(1);
   Tensor<B> tb = has_bias ? rec.input(2) : Tensor<B>();

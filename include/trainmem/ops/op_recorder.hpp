@@ -20,6 +20,7 @@
 // block) is never recomputed.
 #pragma once
 
+#include <functional>
 #include <initializer_list>
 #include <optional>
 #include <span>
@@ -41,33 +42,18 @@ using Outputs = SmallVector<Tensor<B>, 3>;
 template <class B>
 class OpRecorder {
  public:
-  OpRecorder(const OpInfo& op, std::initializer_list<Var<B>> inputs, double flops = 0.0)
-      : OpRecorder(op, std::span<const Var<B>>(inputs.begin(), inputs.size()), flops) {}
+  /// An op's input Vars, referred to, not copied: they are the op's arguments, which
+  /// outlive its recorder (a temporary Var does not bind).
+  using Inputs = std::initializer_list<std::reference_wrapper<const Var<B>>>;
+
+  OpRecorder(const OpInfo& op, Inputs inputs, double flops = 0.0) : op_(op), flops_(flops) {
+    for (const Var<B>& input : inputs) inputs_.push_back(&input);
+    start();
+  }
   /// For ops with a run-time number of inputs (concat).
   OpRecorder(const OpInfo& op, std::span<const Var<B>> inputs, double flops) : op_(op), flops_(flops) {
-    SmallVector<DType, 4> floating;
-    for (const Var<B>& input : inputs) inputs_.push_back(input);
-    for (std::size_t i = 0; i < inputs_.size(); ++i) {
-      const VarImpl<B>& v = inputs_[i].impl();
-      if (v.checked_tape(op.name) != nullptr) {
-        detail::check(tape_ == nullptr || tape_ == v.tape, op.name, ": input ", i, " ",
-                      v.name.empty() ? "" : "'" + v.name + "' ", "belongs to another tape than input 0");
-        tape_ = v.tape;
-      }
-      any_requires_grad_ = any_requires_grad_ || v.requires_grad;
-      if (is_floating(v.value.dtype())) floating.push_back(v.value.dtype());
-    }
-    detail::check(tape_ != nullptr, op.name, ": none of its inputs is on a tape; bring data in with tape.input()");
-    records_ = grad_enabled() && any_requires_grad_;
-    const amp::AutocastState& autocast = amp::autocast_state();
-    if (autocast.category_of(op) == AutocastCategory::LowerPrecision && !autocast.enabled) {
-      for (DType d : floating)  // like torch.mm: no silent promotion of matmul operands
-        detail::check(d == floating.front(), op.name, ": operands are ", floating.front(), " and ", d,
-                      "; outside autocast matmul-class ops need one dtype (cast first, or run under amp::Autocast)");
-    }
-    compute_dtype_ = autocast.compute_dtype(op, std::span<const DType>(floating.data(), floating.size()));
-    hook_ = tape_->hook();
-    if (hook_ != nullptr) op_index_ = hook_->begin_op(op);
+    for (const Var<B>& input : inputs) inputs_.push_back(&input);
+    start();
   }
 
   const OpInfo& op() const { return op_; }
@@ -79,7 +65,7 @@ class OpRecorder {
   DType compute_dtype() const { return compute_dtype_; }
   const Var<B>& var(std::size_t i) const {
     detail::check(i < inputs_.size(), op_.name, ": input ", i, " of ", inputs_.size());
-    return inputs_[i];
+    return *inputs_[i];
   }
 
   /// Input i in the compute dtype. Parameters are cast once through the cast cache.
@@ -132,9 +118,9 @@ class OpRecorder {
     if (records_) {
       auto node = std::make_unique<NodeWith<B, std::decay_t<F>>>(std::forward<F>(backward));
       node->op = &op_;
-      for (const Var<B>& in : inputs_) {
+      for (const Var<B>* in : inputs_) {
         Edge<B> edge;
-        const VarImpl<B>& v = in.impl();
+        const VarImpl<B>& v = in->impl();
         edge.dtype = v.value.dtype();
         if (v.requires_grad) {
           if (v.grad_fn != nullptr) edge.node = v.grad_fn;
@@ -150,6 +136,33 @@ class OpRecorder {
   }
 
  private:
+  /// Checks the inputs (one tape) and settles the compute dtype and the active hook.
+  void start() {
+    const OpInfo& op = op_;
+    SmallVector<DType, 4> floating;
+    for (std::size_t i = 0; i < inputs_.size(); ++i) {
+      const VarImpl<B>& v = inputs_[i]->impl();
+      if (v.checked_tape(op.name) != nullptr) {
+        detail::check(tape_ == nullptr || tape_ == v.tape, op.name, ": input ", i, " ",
+                      v.name.empty() ? "" : "'" + v.name + "' ", "belongs to another tape than input 0");
+        tape_ = v.tape;
+      }
+      any_requires_grad_ = any_requires_grad_ || v.requires_grad;
+      if (is_floating(v.value.dtype())) floating.push_back(v.value.dtype());
+    }
+    detail::check(tape_ != nullptr, op.name, ": none of its inputs is on a tape; bring data in with tape.input()");
+    records_ = grad_enabled() && any_requires_grad_;
+    const amp::AutocastState& autocast = amp::autocast_state();
+    if (autocast.category_of(op) == AutocastCategory::LowerPrecision && !autocast.enabled) {
+      for (DType d : floating)  // like torch.mm: no silent promotion of matmul operands
+        detail::check(d == floating.front(), op.name, ": operands are ", floating.front(), " and ", d,
+                      "; outside autocast matmul-class ops need one dtype (cast first, or run under amp::Autocast)");
+    }
+    compute_dtype_ = autocast.compute_dtype(op, std::span<const DType>(floating.data(), floating.size()));
+    hook_ = tape_->hook();
+    if (hook_ != nullptr) op_index_ = hook_->begin_op(op);
+  }
+
   SavedTensor<B> pack(const Tensor<B>& tensor) {
     if (hook_ != nullptr) return hook_->pack(tensor, SaveInfo{&op_, op_index_, tensor.bytes(), flops_});
     return SavedTensor<B>::keep(tensor, op_.name);
@@ -160,14 +173,14 @@ class OpRecorder {
   const Tensor<B>* narrower_original(const Tensor<B>& tensor) const {
     for (std::size_t i = 0; i < cast_.size(); ++i) {
       if (!cast_[i] || cast_[i]->data() != tensor.data() || cast_[i]->shape() != tensor.shape()) continue;
-      const VarImpl<B>& v = inputs_[i].impl();
+      const VarImpl<B>& v = inputs_[i]->impl();
       if (v.tape != nullptr && size_of(v.value.dtype()) < size_of(tensor.dtype())) return &v.value;
     }
     return nullptr;
   }
 
   const OpInfo& op_;
-  SmallVector<Var<B>, 4> inputs_;
+  SmallVector<const Var<B>*, 4> inputs_;  // the caller's Vars
   double flops_;
   SmallVector<std::optional<Tensor<B>>, 4> cast_;  // input i cast to the compute dtype (sized at the first cast)
   Tape<B>* tape_ = nullptr;
