@@ -35,6 +35,8 @@ TEST_CASE("SmallVector: random pushes, resizes and clears give std::vector's con
     REQUIRE(small.size() == reference.size());
     REQUIRE(contents(small) == reference);
   }
+  const trainmem::SmallVector<int, 3> counted(4);  // one integer is a count
+  CHECK(contents(counted) == std::vector<int>{0, 0, 0, 0});
   trainmem::SmallVector<int, 3> listed{1, 2, 3, 4, 5};
   CHECK(contents(listed) == std::vector<int>{1, 2, 3, 4, 5});
   CHECK(listed.front() == 1);
@@ -60,4 +62,30 @@ TEST_CASE("SmallVector: a dropped element is destroyed at once, inline or on the
     trainmem::SmallVector<std::shared_ptr<int>, 3> taken(std::move(v));
     CHECK(held.use_count() == static_cast<long>(count) + 1);  // moved, not copied
   }
+}
+
+namespace {
+/// Counts its copies; moves are free.
+struct Counted {
+  static inline int copies = 0;
+  Counted() = default;
+  Counted(const Counted&) { ++copies; }
+  Counted(Counted&&) noexcept = default;
+  Counted& operator=(const Counted&) {
+    ++copies;
+    return *this;
+  }
+  Counted& operator=(Counted&&) noexcept = default;
+};
+}  // namespace
+
+TEST_CASE("SmallVector: listed temporaries are moved in, named values copied once", "[core][small_vector]") {
+  const Counted named;
+  Counted::copies = 0;
+  const trainmem::SmallVector<Counted, 3> inline_list{named, Counted(), Counted()};
+  CHECK(Counted::copies == 1);
+  Counted::copies = 0;
+  const trainmem::SmallVector<Counted, 3> heap_list{Counted(), named, Counted(), named};
+  CHECK(heap_list.size() == 4);
+  CHECK(Counted::copies == 2);
 }

@@ -184,7 +184,8 @@ class Tape {
         for (std::size_t i = 0; i < node->inputs.size(); ++i) {
           const Edge<B>& edge = node->inputs[i];
           if (!edge.wants_grad() || i >= grad_inputs.size() || !grad_inputs[i].defined()) continue;
-          Tensor<B> g = grad_inputs[i].to(edge.dtype);
+          Tensor<B>& g = grad_inputs[i];
+          if (g.dtype() != edge.dtype) g = g.to(edge.dtype);
           if (edge.leaf) {
             accumulate_into_leaf(*edge.leaf, g);
           } else if (edge.node->grad.defined()) {

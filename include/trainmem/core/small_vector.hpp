@@ -9,7 +9,6 @@
 #pragma once
 
 #include <cstddef>
-#include <initializer_list>
 #include <iterator>
 #include <memory>
 #include <new>
@@ -26,7 +25,18 @@ class SmallVector {
  public:
   SmallVector() = default;
   explicit SmallVector(std::size_t count) { resize(count); }
-  SmallVector(std::initializer_list<T> values) { append(values); }
+  /// The given elements, each moved in when it is a temporary (`Grads<B>{dx, dw}`): unlike
+  /// an initializer_list, which can only be copied from, no element is made twice. One
+  /// integer alone is a count (the constructor above), never an element.
+  template <class... Values>
+  requires(
+      sizeof...(Values) > 0 && (std::is_constructible_v<T, Values&&> && ...) &&
+      !(sizeof...(Values) == 1 &&
+        ((std::is_integral_v<std::remove_cvref_t<Values>> ||
+          std::is_same_v<std::remove_cvref_t<Values>, SmallVector>)&&...))) explicit SmallVector(Values&&... values) {
+    if (sizeof...(Values) > N) grow(sizeof...(Values));
+    (push_back(T(std::forward<Values>(values))), ...);
+  }
   /// The elements of any contiguous range (a std::vector, a span).
   template <class Range>
   requires std::is_convertible_v<decltype(*std::data(std::declval<const Range&>())), const T&>

@@ -47,17 +47,18 @@ Var<B> matmul_impl(const OpInfo& info, const Var<B>& a, const Var<B>& b, bool tr
                    std::int64_t m, std::int64_t n, std::int64_t k, Shape out_shape) {
   OpRecorder<B> rec(info, {a, b}, 2.0 * batch * m * n * k);
   const DType dtype = rec.compute_dtype();
-  Tensor<B> ta = rec.input(0), tb = rec.input(1);
+  const Tensor<B>& ta = rec.input(0);
+  const Tensor<B>& tb = rec.input(1);
   const bool need_a = rec.needs_grad(0), need_b = rec.needs_grad(1);
   SavedTensor<B> saved_a = need_b ? rec.save(ta) : SavedTensor<B>();
   SavedTensor<B> saved_b = need_a ? rec.save(tb) : SavedTensor<B>();
   auto out = rec.compute([&] {
     Tensor<B> c = new_tensor(rec.backend(), out_shape, dtype);
     gemm(ta, trans_a, tb, trans_b, c, batch, m, n, k);
-    return Outputs<B>{c};
+    return Outputs<B>{std::move(c)};
   });
   const Shape shape_a = ta.shape(), shape_b = tb.shape();
-  return rec.finish(out[0], [=](const Grads<B>& g) {
+  return rec.finish(out[0], [=, saved_a = std::move(saved_a), saved_b = std::move(saved_b)](const Grads<B>& g) {
     const Tensor<B>& dc = g[0];
     Grads<B> grads(2);
     if (need_a) {
@@ -178,14 +179,15 @@ Var<B> linear(const Var<B>& x, const Var<B>& weight, const Var<B>& bias = Var<B>
   using Inputs = typename OpRecorder<B>::Inputs;
   OpRecorder<B> rec(info, has_bias ? Inputs{x, weight, bias} : Inputs{x, weight}, 2.0 * rows * in * out_features);
   const DType dtype = rec.compute_dtype();
-  Tensor<B> tx = rec.input(0), tw = rec.input(1);
-  Tensor<B> tb = has_bias ? rec.input(2) : Tensor<B>();
+  const Tensor<B>& tx = rec.input(0);
+  const Tensor<B>& tw = rec.input(1);
+  const Tensor<B> tb = has_bias ? rec.input(2) : Tensor<B>();
   const bool need_x = rec.needs_grad(0), need_w = rec.needs_grad(1), need_b = has_bias && rec.needs_grad(2);
   SavedTensor<B> saved_x = need_w ? rec.save(tx) : SavedTensor<B>();
   SavedTensor<B> saved_w = need_x ? rec.save(tw) : SavedTensor<B>();
   auto out = rec.compute([&] { return Outputs<B>{detail::linear_forward(tx, tw, tb, out_shape, dtype)}; });
   const Shape x_shape = x.shape();
-  return rec.finish(out[0], [=](const Grads<B>& g) {
+  return rec.finish(out[0], [=, saved_x = std::move(saved_x), saved_w = std::move(saved_w)](const Grads<B>& g) {
     Grads<B> grads(has_bias ? 3 : 2);
     detail::linear_backward(g[0], x_shape, need_x ? saved_w.unpack() : Tensor<B>(),
                             need_w ? saved_x.unpack() : Tensor<B>(), need_x, need_w, need_b, grads);
