@@ -51,8 +51,10 @@ using ConstRowMap = Eigen::Map<const RowMatrix<T>, Eigen::Unaligned, Eigen::Oute
 
 /// Below this m + n + k Eigen multiplies coefficient by coefficient (its
 /// EIGEN_GEMM_TO_COEFFBASED_THRESHOLD), building an evaluator and calling a reduction for
-/// each entry of C: 60-100 ns for a 4x4 product, most of an op's host time. A plain loop
-/// over at most 6x6x6 multiply-adds takes a tenth of that.
+/// each entry of C: 60-100 ns for a 4x4 product, most of an op's host time. Below it
+/// (at most 6x6x7 = 252 multiply-adds) tiny_gemm's loops take a fraction of that; both
+/// the Eigen path's entry (no threads or workspace for F32/F64) and eigen_gemm (widened
+/// 16-bit blocks) send such products there.
 inline constexpr std::int64_t kTinyGemmSum = 20;
 
 /// C = alpha op(A) op(B) + beta C by loops, for m + n + k < kTinyGemmSum. Each entry of
