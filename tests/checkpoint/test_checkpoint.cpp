@@ -441,6 +441,40 @@ TEST_CASE("without early stop, a recompute that saves more or fewer tensors is c
   }
 }
 
+TEST_CASE("a recompute that needs only feed_forward's z ends before GELU and the second linear", "[checkpoint]") {
+  // The region's one placeholder is z [rows, hidden] (x and the weights are alive anyway).
+  // A full recompute allocates z, h = gelu(z) and y [rows, dim]; one that stops at z's
+  // save allocates z alone. Backward's own allocations are the same in both runs.
+  const std::int64_t rows = 6, dim = 8, hidden = 20;
+  nn::Init init(5);
+  nn::Mlp<B> mlp(dim, hidden, init);
+  auto run = [&](bool early_stop) {
+    CheckpointOptions options;
+    options.early_stop = early_stop;
+    B backend;
+    Tape<B> tape(backend);
+    auto x =
+        tape.input(T::from_host({rows, dim}, wave(rows * dim, 0.3), DType::F32, MemCategory::Temporary, backend), true);
+    auto loss = sum(checkpoint(
+        tape, options, [&](const Var<B>& in) { return mlp(in); }, x));
+    backend.memory().record_timeline(true);
+    tape.backward(loss);
+    std::int64_t allocated = 0;
+    for (const auto& e : backend.memory().timeline())
+      if (e.event == MemoryStats::Event::Allocate) allocated += e.bytes;
+    std::vector<std::vector<float>> grads{x.grad().to_host()};
+    for (auto& p : mlp.parameters()) {
+      grads.push_back(p.grad().to_host());
+      p.zero_grad();  // the gradient lives on this run's backend
+    }
+    return std::pair{allocated, grads};
+  };
+  const auto [full_bytes, full_grads] = run(false);
+  const auto [early_bytes, early_grads] = run(true);
+  CHECK(full_bytes - early_bytes == 4 * (rows * hidden + rows * dim));
+  CHECK(early_grads == full_grads);
+}
+
 TEST_CASE("a region may return several outputs", "[checkpoint]") {
   nn::Init init(4);
   nn::Linear<B> a(8, 8, init), b(8, 8, init);

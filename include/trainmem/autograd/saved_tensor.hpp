@@ -167,6 +167,9 @@ class SaveHook {
                           std::span<const Tensor<B>> outputs) = 0;
   /// Decides how a tensor an op needs in backward is kept.
   virtual SavedTensor<B> pack(const Tensor<B>& tensor, const SaveInfo& info) = 0;
+  /// Whether this hook replays a region's forward (a recompute): its saves fill the
+  /// region's slots, and the one that fills the last slot ends the recompute.
+  virtual bool replaying() const { return false; }
   /// checkpoint_name(x, name) while this hook is active. A hook that keeps nothing by
   /// name (a recompute replaying what its forward decided) ignores it.
   virtual void name_tensor(const VarImpl<B>& x, std::string_view name) {

@@ -52,6 +52,8 @@ class ReplayHook final : public SaveHook<B> {
     return {};
   }
 
+  bool replaying() const override { return true; }
+
   /// fn ran to the end: checks it saved as many tensors as the forward.
   void verify_complete() const { record_.saves.verify_complete(saves_); }
 

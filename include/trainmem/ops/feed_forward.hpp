@@ -8,6 +8,9 @@
 // and recomputes h when it needs it: the same kernels in the same order, so the values
 // and gradients are bit for bit those of the three ops (up to kFeedForwardRowChunk rows;
 // see below), in 5/9 of the kept bytes (dim + hidden instead of dim + 2 hidden per row).
+// z is saved ahead (OpRecorder::save_ahead): a region's recompute that needs nothing
+// after z (z is the last thing a transformer block saves) ends after the first linear,
+// without GELU and the second linear, a third of the block's matmul work.
 //
 // NOTE [Feed-forward backward in row chunks]
 // Backward needs h, dh = dy W_down and dz = gelu'(z) dh: [rows, hidden] each, as big as
@@ -152,6 +155,7 @@ Var<B> feed_forward(const Var<B>& x, const Var<B>& w_up, const Var<B>& b_up, con
   // Outputs: y, and z (kept for backward; a selective region keeps it with y, as a matmul output).
   auto out = rec.compute([&] {
     Tensor<B> z = detail::linear_forward(tx, tw_up, tb_up, z_shape, dtype);
+    if (need_w_down || need_dz) rec.save_ahead(z);  // a recompute that needs only z ends here
     const Tensor<B> h = detail::gelu_of(z, approximation);
     return Outputs<B>{detail::linear_forward(h, tw_down, tb_down, y_shape, dtype), z};
   });

@@ -17,7 +17,10 @@
 // Ops save the inputs they need before computing and their outputs after. A region's
 // recompute stops at the last save it has to reproduce; saving inputs first means an
 // op whose only contribution to backward is its saved inputs (the last matmul of a
-// block) is never recomputed.
+// block) is never recomputed. An op that saves an intermediate output and then does
+// more work (feed_forward: z, then GELU and the second linear) calls save_ahead(z)
+// inside compute(): while a region replays, z is saved there, so a recompute whose last
+// slot is z ends before the rest of the op runs.
 #pragma once
 
 #include <functional>
@@ -97,11 +100,25 @@ class OpRecorder {
     return outputs;
   }
 
+  /// Inside compute(): `output`, computed before the rest of the op's work, is one the op
+  /// saves after compute. While a region replays its forward, it is saved now, in the
+  /// same order, so a recompute that needs nothing after it stops here (NOTE [Save order]);
+  /// save(output) then returns what this save made. Otherwise it does nothing.
+  void save_ahead(const Tensor<B>& output) {
+    if (!records_ || hook_ == nullptr || !hook_->replaying()) return;
+    saved_ahead_from_ = output.data();
+    saved_ahead_ = pack(output);
+  }
+
   /// Keeps `tensor` for backward through the saved-tensor seam (nothing when not recording).
   /// An input this recorder widened is kept as its narrower original, widened again at
   /// unpack (exact, so backward sees the same values in half the bytes or less).
   SavedTensor<B> save(const Tensor<B>& tensor) {
     if (!records_) return {};
+    if (saved_ahead_from_ != nullptr && tensor.data() == saved_ahead_from_) {
+      saved_ahead_from_ = nullptr;
+      return std::move(saved_ahead_);
+    }
     if (const Tensor<B>* original = narrower_original(tensor)) return pack(*original).widened_to(tensor.dtype());
     return pack(tensor);
   }
@@ -186,6 +203,8 @@ class OpRecorder {
   Tape<B>* tape_ = nullptr;
   SaveHook<B>* hook_ = nullptr;
   std::int64_t op_index_ = -1;
+  const void* saved_ahead_from_ = nullptr;  // the output save_ahead saved, until save() takes it
+  SavedTensor<B> saved_ahead_;
   bool any_requires_grad_ = false;
   bool records_ = false;
   DType compute_dtype_ = DType::F32;
