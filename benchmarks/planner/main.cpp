@@ -10,8 +10,8 @@
 // saved bytes fit the budget. The planner also reports its predicted peak and its solve
 // time, and the solve time of a 1024-stage chain (the 64-stage profile repeated).
 //
-//   planner [--json planner.json] [--reps 7] [--models mlp64,mlp256,transformer]
-//           [--width 128] [--hidden 512] [--batch 128]
+//   planner [--json planner.json] [--reps 7] [--models mlp64,mlp256,transformer,transformer_halves]
+//           [--width 128] [--hidden 512] [--batch 128] [--blocks 8] [--profile]
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -39,9 +39,10 @@ namespace {
 struct Config {
   std::string json_path = "planner.json";
   int reps = 7;
-  std::vector<std::string> models{"mlp64", "mlp256", "transformer"};
+  std::vector<std::string> models{"mlp64", "mlp256", "transformer", "transformer_halves"};
   std::int64_t width = 128, hidden = 512, batch = 128;
   int blocks = 8;
+  bool print_profile = false;
   std::int64_t dim = 128, heads = 4, tokens = 64, seq_batch = 8, vocab = 256;
 };
 
@@ -56,6 +57,41 @@ Segments sequential(std::int64_t n, std::int64_t segments, tmem::StageMode mode)
     begin = end;
   }
   return out;
+}
+
+/// A lower bound on the time any schedule adds to the plain step to keep at most `budget`
+/// saved bytes at the start of backward (when every stage's kept bytes are live at once,
+/// so no schedule's peak is lower): each stage may drop up to all it keeps, fractionally,
+/// at its cheapest measured rate (ms per byte) of a one-stage recompute region, a
+/// one-stage selective region, or being rerun whole inside a longer region (its forward).
+/// Whole stages and the recompute's transient bytes only make the real cost higher.
+double added_ms_lower_bound(const tmem::ChainProfile& p, std::int64_t budget) {
+  struct Rate {
+    double ms_per_byte;
+    double bytes;
+  };
+  std::vector<Rate> rates;
+  double kept = 0.0;
+  for (const tmem::StageCosts& st : p.stages) {
+    const auto k = static_cast<double>(st.kept[0][1]);
+    kept += k;
+    if (k <= 0.0) continue;
+    double best = st.fwd_ms[0] / k;  // rerun whole inside a longer region: drops all it keeps
+    for (int m : {1, 2}) {
+      const auto dropped = static_cast<double>(st.kept[0][1] - st.kept[m][1]);
+      if (dropped > 0.0) best = std::min(best, std::max(0.0, st.bwd_ms[m] - st.bwd_ms[0]) / dropped);
+    }
+    rates.push_back({best, k});
+  }
+  std::sort(rates.begin(), rates.end(), [](const Rate& a, const Rate& b) { return a.ms_per_byte < b.ms_per_byte; });
+  double to_drop = kept - static_cast<double>(budget), added = 0.0;
+  for (const Rate& r : rates) {
+    if (to_drop <= 0.0) break;
+    const double d = std::min(to_drop, r.bytes);
+    added += d * r.ms_per_byte;
+    to_drop -= d;
+  }
+  return added;
 }
 
 std::vector<std::pair<std::string, Segments>> hand_schedules(std::int64_t n) {
@@ -77,7 +113,7 @@ std::vector<std::pair<std::string, Segments>> hand_schedules(std::int64_t n) {
 
 template <class Model>
 void run_model(const std::string& name, const Model& model, const Config& c, nlohmann::json& rows,
-               nlohmann::json& solves) {
+               nlohmann::json& solves, nlohmann::json& bounds) {
   const tmem::ChainStep<B> step = [&model](const tmem::ChainRunner<B>& run) { model.step(run); };
   const auto n = static_cast<std::int64_t>(model.stages.size());
   const benchmarks::Stopwatch profile_watch;
@@ -115,6 +151,20 @@ void run_model(const std::string& name, const Model& model, const Config& c, nlo
       "\n%s: %lld stages, profiled in %.1f s; plain step: peak saved %lld B, whole step %lld B, model state %lld B\n",
       name.c_str(), static_cast<long long>(n), profile_s, static_cast<long long>(plain_saved),
       static_cast<long long>(profile.plain_peak[0]), static_cast<long long>(profile.model_state));
+  if (c.print_profile) {
+    // The measured costs the plans come from: per stage, forward and backward time and
+    // the saved bytes it leaves kept, plain / one-stage recompute region / selective region.
+    std::printf(
+        "  stage   fwd ms keep/recompute/selective   bwd ms keep/recompute/selective   kept saved B "
+        "keep/recompute/selective\n");
+    for (std::int64_t s = 0; s < n; ++s) {
+      const tmem::StageCosts& st = profile.stages[static_cast<std::size_t>(s)];
+      std::printf("  %5lld  %6.2f %6.2f %6.2f              %6.2f %6.2f %6.2f              %9lld %9lld %9lld\n",
+                  static_cast<long long>(s), st.fwd_ms[0], st.fwd_ms[1], st.fwd_ms[2], st.bwd_ms[0], st.bwd_ms[1],
+                  st.bwd_ms[2], static_cast<long long>(st.kept[0][1]), static_cast<long long>(st.kept[1][1]),
+                  static_cast<long long>(st.kept[2][1]));
+    }
+  }
   for (std::size_t b = 0; b < budgets.size(); ++b) {
     const benchmarks::Stopwatch solve_watch;
     try {
@@ -185,6 +235,11 @@ void run_model(const std::string& name, const Model& model, const Config& c, nlo
       std::printf("  budget %.3f: planner %.2f ms vs fastest fitting hand schedule %s %s\n", budgets[b].fraction,
                   planned, best_name.empty() ? "(none fits)" : best_name.c_str(),
                   best_name.empty() ? "" : (std::to_string(planned / best_hand) + "x").c_str());
+    // How close to plain any schedule could come, by the profile (see added_ms_lower_bound).
+    const double bound = 1.0 + added_ms_lower_bound(profile, budgets[b].bytes) / profile.plain_ms;
+    std::printf("  budget %.3f: no schedule of these stages adds less than %.3fx the plain step (profile bound)\n",
+                budgets[b].fraction, bound);
+    bounds.push_back({{"model", name}, {"budget_fraction", budgets[b].fraction}, {"time_ratio_lower_bound", bound}});
   }
 
   // Solve time on a 1024-stage chain: this profile's stages repeated.
@@ -227,10 +282,11 @@ int main(int argc, char** argv) {
   CLI::App app{"trainmem: the checkpoint planner against hand schedules at byte budgets"};
   app.add_option("--json", c.json_path, "where to write the JSON results");
   app.add_option("--reps", c.reps, "timed steps per schedule (median reported)");
-  app.add_option("--models", c.models, "mlp64, mlp256, transformer")->delimiter(',');
+  app.add_option("--models", c.models, "mlp64, mlp256, transformer, transformer_halves")->delimiter(',');
   app.add_option("--width", c.width, "MLP chain: block width");
   app.add_option("--hidden", c.hidden, "MLP chain: hidden width");
   app.add_option("--batch", c.batch, "MLP chain: rows per batch");
+  app.add_flag("--profile", c.print_profile, "print each model's measured stage costs");
   app.add_option("--blocks", c.blocks, "transformer: blocks");
   app.add_option("--dim", c.dim, "transformer: width");
   app.add_option("--tokens", c.tokens, "transformer: sequence length");
@@ -240,14 +296,15 @@ int main(int argc, char** argv) {
   std::printf(
       "checkpoint planner vs hand schedules, f32, %d threads, median of %d steps, budgets on saved activations\n",
       threads, c.reps);
-  nlohmann::json rows = nlohmann::json::array(), solves = nlohmann::json::array();
+  nlohmann::json rows = nlohmann::json::array(), solves = nlohmann::json::array(), bounds = nlohmann::json::array();
   for (const std::string& m : c.models) {
     if (m == "mlp64" || m == "mlp256") {
       examples::ResidualMlpChain<B> chain(m == "mlp64" ? 64 : 256, c.width, c.hidden, c.batch);
-      run_model(m, chain, c, rows, solves);
-    } else if (m == "transformer") {
-      examples::TransformerStack<B> stack(c.blocks, c.dim, c.heads, 4 * c.dim, c.vocab, c.seq_batch, c.tokens);
-      run_model(m, stack, c, rows, solves);
+      run_model(m, chain, c, rows, solves, bounds);
+    } else if (m == "transformer" || m == "transformer_halves") {
+      examples::TransformerStack<B> stack(c.blocks, c.dim, c.heads, 4 * c.dim, c.vocab, c.seq_batch, c.tokens, 7,
+                                          m == "transformer_halves");
+      run_model(m, stack, c, rows, solves, bounds);
     } else {
       std::fprintf(stderr, "planner: unknown model '%s'\n", m.c_str());
       return 1;
@@ -269,7 +326,8 @@ int main(int argc, char** argv) {
                                 {"batch", c.seq_batch},
                                 {"vocab", c.vocab}}},
                               {"results", rows},
-                              {"solves", solves}};
+                              {"solves", solves},
+                              {"time_ratio_lower_bounds", bounds}};
   std::ofstream(c.json_path) << out.dump(2) << "\n";
   std::printf("\nwrote %s\n", c.json_path.c_str());
   return 0;

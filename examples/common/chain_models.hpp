@@ -5,6 +5,8 @@
 //  - TransformerStack: token embedding (+ learned positions), pre-LN causal transformer
 //    blocks, final LayerNorm and a vocabulary head; one stage each, so the stages differ
 //    in width and cost (the embedding keeps almost nothing, the head keeps its logits).
+//    With `half_blocks` each block is two stages, its attention half and its MLP half,
+//    so a schedule may cut inside a block.
 // Each exposes `stages` (a std::vector<trainmem::Layer<B>>), `parameters`, and one
 // training step written against a ChainRunner (loss, backward, an SGD update), so
 // tests, the planner benchmark and the examples run the same models.
@@ -82,7 +84,7 @@ struct ResidualMlpChain {
 template <class B>
 struct TransformerStack {
   TransformerStack(int blocks, std::int64_t dim, std::int64_t heads, std::int64_t hidden, std::int64_t vocab,
-                   std::int64_t batch, std::int64_t tokens, std::uint64_t seed = 7)
+                   std::int64_t batch, std::int64_t tokens, std::uint64_t seed = 7, bool half_blocks = false)
       : batch_(batch), tokens_(tokens), dim_(dim) {
     tmem::nn::Init init(seed);
     embed = std::make_unique<tmem::nn::Embedding<B>>(vocab, dim, init, 0.02);
@@ -99,7 +101,12 @@ struct TransformerStack {
     });
     for (auto& b : block) {
       const tmem::nn::TransformerBlock<B>* p = b.get();
-      stages.push_back([p](const tmem::Var<B>& x) { return (*p)(x, true); });
+      if (half_blocks) {
+        stages.push_back([p](const tmem::Var<B>& x) { return p->attention_half(x, true); });
+        stages.push_back([p](const tmem::Var<B>& h) { return p->mlp_half(h, true); });
+      } else {
+        stages.push_back([p](const tmem::Var<B>& x) { return (*p)(x, true); });
+      }
     }
     stages.push_back([this](const tmem::Var<B>& x) {
       return (*head)(tmem::reshape((*final_ln)(x), tmem::Shape{batch_ * tokens_, dim_}));

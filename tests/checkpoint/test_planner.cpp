@@ -223,6 +223,12 @@ TEST_CASE("predicted peaks are within 2% of the measured ones: residual MLP chai
 }
 
 TEST_CASE("predicted peaks are within 2% of the measured ones: transformer stack", "[checkpoint][planner]") {
-  examples::TransformerStack<B> stack(8, 32, 4, 64, 64, 8, 32);
-  check_predictions(stack);
+  SECTION("a stage per block") {
+    examples::TransformerStack<B> stack(8, 32, 4, 64, 64, 8, 32);
+    check_predictions(stack);
+  }
+  SECTION("a stage per half block (attention, MLP): cuts inside the blocks") {
+    examples::TransformerStack<B> stack(8, 32, 4, 64, 64, 8, 32, 7, true);
+    check_predictions(stack);
+  }
 }

@@ -92,7 +92,15 @@ class TransformerBlock : public Module<B> {
   }
 
   Var<B> operator()(const Var<B>& x, bool training = true) const {
-    auto h = add(x, dropout(attn_(ln1_(x), training), dropout_, training));
+    return mlp_half(attention_half(x, training), training);
+  }
+
+  /// The block's two residual halves, h = x + attn(ln1(x)) and h + mlp(ln2(h)): a
+  /// checkpoint schedule may cut between them (a chain of half blocks).
+  Var<B> attention_half(const Var<B>& x, bool training = true) const {
+    return add(x, dropout(attn_(ln1_(x), training), dropout_, training));
+  }
+  Var<B> mlp_half(const Var<B>& h, bool training = true) const {
     return add(h, dropout(mlp_(ln2_(h)), dropout_, training));
   }
 
