@@ -475,6 +475,40 @@ TEST_CASE("a recompute that needs only feed_forward's z ends before GELU and the
   CHECK(early_grads == full_grads);
 }
 
+TEST_CASE("a selective region over x + mlp(ln(x)) keeps z, not the feed_forward output beside it",
+          "[checkpoint][policy]") {
+  // save_matmuls keeps feed_forward's outputs {y, z}. Backward saved z (so it stays); the
+  // recompute stops at ln's output, feed_forward's input, so nothing would reuse y.
+  const std::int64_t rows = 6, dim = 8, hidden = 20;
+  nn::Init init(9);
+  nn::LayerNorm<B> ln(dim);
+  nn::Mlp<B> mlp(dim, hidden, init);
+  auto block = [&](const Var<B>& x) { return add(x, mlp(ln(x))); };
+  auto run = [&](bool selective) {
+    CheckpointOptions options;
+    options.policy = policy::save_matmuls();
+    B backend;
+    Tape<B> tape(backend);
+    auto x =
+        tape.input(T::from_host({rows, dim}, wave(rows * dim, 0.7), DType::F32, MemCategory::Temporary, backend), true);
+    auto loss = sum(selective ? checkpoint(tape, options, block, x) : block(x));
+    const std::int64_t kept = backend.memory().live(MemCategory::SavedActivation);
+    tape.backward(loss);
+    std::vector<std::vector<float>> grads{x.grad().to_host()};
+    for (auto* m : std::initializer_list<const nn::Module<B>*>{&ln, &mlp})
+      for (auto& p : m->parameters()) {
+        grads.push_back(p.grad().to_host());
+        p.zero_grad();  // the gradient lives on this run's backend
+      }
+    return std::pair{kept, grads};
+  };
+  const auto [plain_kept, plain_grads] = run(false);
+  const auto [kept, grads] = run(true);
+  CHECK(kept == 4 * (rows * dim + rows * hidden));  // the region's input and z
+  CHECK(grads == plain_grads);
+  CHECK(plain_kept > kept);
+}
+
 TEST_CASE("a region may return several outputs", "[checkpoint]") {
   nn::Init init(4);
   nn::Linear<B> a(8, 8, init), b(8, 8, init);

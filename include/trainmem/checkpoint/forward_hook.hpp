@@ -10,7 +10,8 @@
 //    master, a region input, an output the region kept), in which case the saved tensor
 //    refers to it directly.
 //  - When fn returns, a kept output that no save refers to and that the recompute (which
-//    stops at the last placeholder) never reaches is released: nothing could use it.
+//    stops at the last placeholder) never reaches is released: nothing could use it. Of
+//    an op with several outputs, the ones a save refers to stay (held, not for reuse).
 // The hook also orders the forward's events (ops computing, tensors saved), which is
 // what tells which kept outputs a shortened recompute still reaches.
 #pragma once
@@ -102,13 +103,12 @@ class ForwardHook final : public SaveHook<B> {
   /// fn has returned: releases kept outputs that no saved tensor refers to and that the
   /// recompute will never reach.
   void finish() {
-    record_.kept.release_if([this](std::int64_t op_index, const std::vector<Tensor<B>>& outputs) {
-      bool referenced = false;
-      for (const auto& t : outputs) referenced = referenced || packed_.count(t.storage().get()) != 0;
-      const auto computed = compute_event_.find(op_index);
-      const bool reachable = computed != compute_event_.end() && computed->second < last_placeholder_event_;
-      return !referenced && !reachable;
-    });
+    record_.kept.release_unused(
+        [this](std::int64_t op_index) {
+          const auto computed = compute_event_.find(op_index);
+          return computed != compute_event_.end() && computed->second < last_placeholder_event_;
+        },
+        [this](const Tensor<B>& t) { return packed_.count(t.storage().get()) != 0; });
   }
 
  private:

@@ -46,17 +46,26 @@ class KeptOutputs {
     for (const auto& t : outputs) entry.copies.push_back(t.backend().offload(t));
   }
 
-  /// Releases every output kept for reuse that `unneeded(op_index, outputs)` accepts.
-  template <class Pred>
-  void release_if(Pred&& unneeded) {
+  /// Releases what nothing can use: of each op kept for reuse that the recompute never
+  /// reaches (`reached(op_index)` is false), the outputs no save refers to
+  /// (`referenced(tensor)` is false). Its referenced outputs stay held, no longer for
+  /// reuse (feed_forward keeps z, which its backward saved, and lets y go).
+  template <class Reached, class Referenced>
+  void release_unused(Reached&& reached, Referenced&& referenced) {
     for (auto it = saved_.begin(); it != saved_.end();) {
-      if (unneeded(it->first, it->second)) {
-        for (const auto& t : it->second) bytes_ -= t.bytes();
-        refs_.erase(it->first);
-        it = saved_.erase(it);
-      } else {
+      if (reached(it->first)) {
         ++it;
+        continue;
       }
+      std::vector<SavedRef<B>>& refs = refs_[it->first];
+      std::vector<SavedRef<B>> held;
+      for (SavedRef<B>& ref : refs) {
+        if (referenced(ref.tensor())) held.push_back(std::move(ref));
+        else bytes_ -= ref.tensor().bytes();
+      }
+      if (held.empty()) refs_.erase(it->first);
+      else refs = std::move(held);
+      it = saved_.erase(it);
     }
   }
 
