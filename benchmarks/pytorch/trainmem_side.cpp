@@ -221,17 +221,21 @@ json peak_neighbourhood(const std::vector<tmem::MemoryStats::TimelineEntry>& eve
           {"events_around_peak", window}};
 }
 
-/// Which GEMM the products take on this machine (NOTE [CPU GEMM path]): at the default
-/// sizes every product has a dimension below kOneDnnF32MinDim, so F32 stays with Eigen;
-/// BF16 operands go to oneDNN where it has AMX or an AMD AVX512-BF16 core.
+/// Which GEMM the products take on this machine (NOTE [CPU GEMM path]): F32 products go
+/// to oneDNN from onednn_f32_min_dim() (64 on an AMD AVX-512 core: every product of the
+/// default sizes; 512 elsewhere: none of them); BF16 operands go to oneDNN where it has
+/// AMX or an AMD AVX512-BF16 core.
 std::string gemm_description() {
   const std::string eigen = "Eigen " + std::to_string(EIGEN_WORLD_VERSION) + "." + std::to_string(EIGEN_MAJOR_VERSION) +
                             "." + std::to_string(EIGEN_MINOR_VERSION);
   const tmem::cpu::OneDnnSupport onednn = tmem::cpu::onednn_support();
   const char* forced = std::getenv("TRAINMEM_CPU_GEMM");
-  std::string text = eigen + " GEMM for F32 products with a dimension under " +
-                     std::to_string(tmem::cpu::kOneDnnF32MinDim) +
-                     " (all of them at the default sizes; rows split over OpenMP threads); 16-bit operands ";
+  const std::int64_t f32_min = onednn.f32_min_dim;
+  std::string text = onednn.built_in ? "oneDNN matmul for F32 products with m, n and k at least " +
+                                           std::to_string(f32_min) + ", " + eigen + " GEMM for the others" +
+                                           (f32_min <= 64 ? "" : " (all of them at the default sizes)")
+                                     : eigen + " GEMM for F32 products";
+  text += " (Eigen: rows split over OpenMP threads); 16-bit operands ";
   if (!onednn.built_in) text += "widened to F32 for Eigen (built without oneDNN)";
   else if (onednn.amx) text += "multiplied by oneDNN (AMX)";
   else if (onednn.bf16) text += "multiplied by oneDNN where BF16 (AVX512-BF16 on an AMD core), widened where F16";

@@ -339,8 +339,9 @@ namespace trainmem::cpu {
 // core with AVX512-BF16 but no AMX oneDNN's BF16 measured ~0.63x F32, slower than
 // widening, so there they are widened (onednn_bf16_wins()). F16 operands go to oneDNN only
 // with AMX (oneDNN 2.6 has no F16 kernel on AVX512 cores). F32 operands go to oneDNN when
-// m, n and k are all at least kOneDnnF32MinDim, the shape class where its F32 kernel
-// measured 1.1-1.5x Eigen's (Xeon and Zen 4; docs/mixed-precision.md); smaller and
+// m, n and k are all at least onednn_f32_min_dim(): 512 on Intel cores, the shape class
+// where its F32 kernel measured 1.1-1.3x Eigen's, and 64 on an AMD core with AVX-512,
+// where it measured 1.24-1.51x from 64^3 up (docs/mixed-precision.md); smaller and
 // thinner products stay with Eigen. F64 always goes to Eigen. oneDNN's reference (non-JIT)
 // kernels never count as a kernel. The rule is one of ISA, vendor and shape, not a
 // run-time timing probe: a probe on a shared machine measures the neighbours, and the
@@ -348,9 +349,6 @@ namespace trainmem::cpu {
 // TRAINMEM_CPU_GEMM=eigen (or widen) | onednn | auto forces a path for every dtype
 // (read once; force_gemm_path() changes it), so tests and benchmarks exercise each path
 // on any CPU; a forced oneDNN falls back to Eigen where oneDNN has no kernel.
-
-/// Smallest m, n and k that send an F32 GEMM to oneDNN (NOTE [CPU GEMM path]).
-inline constexpr std::int64_t kOneDnnF32MinDim = 512;
 
 /// \brief Which CPU GEMM path to take: the measured rule, or one path forced.
 enum class GemmPath { Auto, Eigen, OneDnn };
@@ -392,7 +390,7 @@ GemmPath gemm_path(const GemmArgs& g, const Epilogue<AccumulatorOf<TA>>& epilogu
       default: break;
     }
     bool onednn_wins = false;
-    if constexpr (std::is_same_v<TA, float>) onednn_wins = std::min({g.m, g.n, g.k}) >= kOneDnnF32MinDim;
+    if constexpr (std::is_same_v<TA, float>) onednn_wins = std::min({g.m, g.n, g.k}) >= onednn_f32_min_dim();
     else if constexpr (std::is_same_v<TA, BFloat16>) onednn_wins = onednn_bf16_wins();
     else onednn_wins = onednn_has_amx();  // F16: only AMX was measured faster than widening
     return onednn_wins && onednn_can_gemm<TA, TC>(g, epilogue) ? GemmPath::OneDnn : GemmPath::Eigen;

@@ -12,14 +12,16 @@ namespace trainmem::cpu {
 
 /// \brief What this build and this CPU offer the GEMM rule.
 struct OneDnnSupport {
-  bool built_in = false;     // trainmem was built with oneDNN
-  const char* isa = "none";  // oneDNN's effective instruction set on this CPU
-  bool amx = false;          // AMX tiles: BF16 and F16 operands go to oneDNN
-  bool bf16 = false;         // BF16 operands go to oneDNN (AMX, or AVX512-BF16 on an AMD core)
+  bool built_in = false;           // trainmem was built with oneDNN
+  const char* isa = "none";        // oneDNN's effective instruction set on this CPU
+  bool amx = false;                // AMX tiles: BF16 and F16 operands go to oneDNN
+  bool bf16 = false;               // BF16 operands go to oneDNN (AMX, or AVX512-BF16 on an AMD core)
+  std::int64_t f32_min_dim = 512;  // F32 products with m, n and k at least this go to oneDNN
 };
 
 inline OneDnnSupport onednn_support() {
-  return {kernels::kHaveOneDnn, kernels::onednn_isa_name(), kernels::onednn_has_amx(), kernels::onednn_bf16_wins()};
+  return {kernels::kHaveOneDnn, kernels::onednn_isa_name(), kernels::onednn_has_amx(), kernels::onednn_bf16_wins(),
+          kernels::onednn_f32_min_dim()};
 }
 
 /// The path a GEMM of `g`'s shape with operands TA and result TC takes now:
