@@ -107,7 +107,7 @@ class OpRecorder {
   void save_ahead(const Tensor<B>& output) {
     if (!records_ || hook_ == nullptr || !hook_->replaying()) return;
     saved_ahead_from_ = output.data();
-    saved_ahead_ = pack(output);
+    saved_ahead_.emplace(pack(output));
   }
 
   /// Keeps `tensor` for backward through the saved-tensor seam (nothing when not recording).
@@ -117,7 +117,7 @@ class OpRecorder {
     if (!records_) return {};
     if (saved_ahead_from_ != nullptr && tensor.data() == saved_ahead_from_) {
       saved_ahead_from_ = nullptr;
-      return std::move(saved_ahead_);
+      return *std::exchange(saved_ahead_, std::nullopt);
     }
     if (const Tensor<B>* original = narrower_original(tensor)) return pack(*original).widened_to(tensor.dtype());
     return pack(tensor);
@@ -204,7 +204,7 @@ class OpRecorder {
   SaveHook<B>* hook_ = nullptr;
   std::int64_t op_index_ = -1;
   const void* saved_ahead_from_ = nullptr;  // the output save_ahead saved, until save() takes it
-  SavedTensor<B> saved_ahead_;
+  std::optional<SavedTensor<B>> saved_ahead_;  // optional: most ops never save ahead
   bool any_requires_grad_ = false;
   bool records_ = false;
   DType compute_dtype_ = DType::F32;
