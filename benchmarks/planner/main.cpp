@@ -1,14 +1,18 @@
 // planner — the checkpoint planner against hand schedules at fixed byte budgets.
 //
 // Models: the residual MLP chain of checkpoint_schedules at N = 64 and 256, and a
-// transformer stack (embedding, B blocks, LayerNorm + vocabulary head). Budgets are
-// fractions (0.5, 0.25, 0.1) of the plain step's peak saved-activation bytes, plus the
-// smallest budget any schedule meets. Hand schedules: none, every block, every-k (each
-// k), sqrt N, selective (save_matmuls per stage) and selective + every-k. Every schedule
+// transformer stack (embedding, B blocks, LayerNorm + vocabulary head) with a stage per
+// block ("transformer") or per half block, attention and MLP ("transformer_halves").
+// Budgets are fractions (0.5, 0.25, 0.1) of the plain step's peak saved-activation bytes,
+// plus the smallest budget any schedule meets. Hand schedules, over the stages: none,
+// every stage ("every_block"), every-k (each k), sqrt N, selective (save_matmuls per
+// stage) and selective + every-k. Every schedule
 // and every plan runs round-robin `reps` times in the same run (median step time; ratios
 // to "none" from that run); a row per (budget, schedule) says whether its measured peak
 // saved bytes fit the budget. The planner also reports its predicted peak and its solve
-// time, and the solve time of a 1024-stage chain (the 64-stage profile repeated).
+// time, and the solve time of a 1024-stage chain (the model's profile repeated). Each
+// budget also prints the profile's lower bound on any schedule's time
+// (added_ms_lower_bound): how close to plain these stages allow.
 //
 //   planner [--json planner.json] [--reps 7] [--models mlp64,mlp256,transformer,transformer_halves]
 //           [--width 128] [--hidden 512] [--batch 128] [--blocks 8] [--profile]

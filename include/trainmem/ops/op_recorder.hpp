@@ -203,7 +203,7 @@ class OpRecorder {
   Tape<B>* tape_ = nullptr;
   SaveHook<B>* hook_ = nullptr;
   std::int64_t op_index_ = -1;
-  const void* saved_ahead_from_ = nullptr;  // the output save_ahead saved, until save() takes it
+  const void* saved_ahead_from_ = nullptr;     // the output save_ahead saved, until save() takes it
   std::optional<SavedTensor<B>> saved_ahead_;  // optional: most ops never save ahead
   bool any_requires_grad_ = false;
   bool records_ = false;
