@@ -312,6 +312,23 @@ std::vector<std::vector<double>> transformer_step(DType dtype, const std::vector
   return results;
 }
 
+/// What transformer_step's results are: "output", "input", then each parameter's name.
+std::vector<std::string> transformer_result_names() {
+  tmem::nn::Init init(1234);
+  std::vector<std::string> names{"output", "input"};
+  for (int i = 0; i < 2; ++i)
+    for (auto& p :
+         tmem::nn::TransformerBlock<Cpu>(64, 4, 256, init, 0.0f, DType::F32, "block" + std::to_string(i)).parameters())
+      names.push_back(p.name());
+  return names;
+}
+
+double norm_of(const std::vector<double>& v) {
+  double s = 0.0;
+  for (double x : v) s += x * x;
+  return std::sqrt(s);
+}
+
 }  // namespace
 
 TEST_CASE("cuda ops: a transformer block stack matches the CPU backend", "[cuda][ops][nn]") {
@@ -335,8 +352,20 @@ TEST_CASE("cuda ops: a transformer block stack matches the CPU backend", "[cuda]
     const auto gpu = transformer_step<Gpu>(c.dtype, rounded_to(x, c.autocast ? DType::F32 : c.dtype),
                                            rounded_to(seed, c.dtype), c.autocast);
     REQUIRE(cpu.size() == gpu.size());
+    const std::vector<std::string> names = transformer_result_names();
+    REQUIRE(names.size() == cpu.size());
     for (std::size_t i = 0; i < cpu.size(); ++i) {
-      INFO("result " << i << " (0: output, 1: input gradient, then parameter gradients)");
+      INFO("result " << i << " " << names[i] << " (0: output, 1: input gradient, then parameter gradients)");
+      const std::string_view name = names[i];
+      if (name.size() > 11 && name.substr(name.size() - 11) == "attn.k.bias") {
+        // Softmax is shift invariant, so the k bias gets no gradient: both backends hold
+        // rounding noise there (their relative error is meaningless), small beside the k
+        // weight's gradient (results[i - 1]).
+        REQUIRE(names[i - 1] == std::string(name.substr(0, name.size() - 4)) + "weight");
+        CHECK(norm_of(gpu[i]) <= c.tolerance * norm_of(gpu[i - 1]));
+        CHECK(norm_of(cpu[i]) <= c.tolerance * norm_of(cpu[i - 1]));
+        continue;
+      }
       CHECK(relative_error(gpu[i], cpu[i]) <= c.tolerance);
     }
   }
