@@ -6,7 +6,7 @@
 // (recomputed probabilities, dP, delta, dS, dq) and one block per key row (dv and dk,
 // summing over the query rows that see the key). Plain loops, f32 (f64 for f64) math:
 // correct and memory-light first, Tensor Cores later. A row's scores must fit the
-// 48 KiB of shared memory a block gets by default (12,288 keys in f32).
+// 48 KiB of shared memory a block gets by default (12,032 keys in f32).
 #pragma once
 
 #include <cstddef>
@@ -119,9 +119,14 @@ __global__ void attention_keys_backward_kernel(const T* q, const T* k, const T* 
 }  // namespace device
 
 /// Shared memory of one block, checked against the default limit (a limit of this implementation).
+/// Rounded up to 16 bytes: ptxas widens a lone scalar load of the last score into the
+/// 16-byte load of its aligned chunk (sm_90 SASS of attention_kernel<double>: `LDS.128`
+/// for p[36] of 37), which must stay inside the allocation (compute-sanitizer memcheck
+/// flagged it on an H200 when the row had an odd number of f64 scores).
 inline std::size_t attention_shared_bytes(std::int64_t values, std::size_t value_size, const char* kernel) {
-  const std::size_t bytes = static_cast<std::size_t>(values) * value_size;
-  ::trainmem::detail::check(bytes <= 48 * 1024, kernel, ": ", values,
+  const std::size_t bytes = (static_cast<std::size_t>(values) * value_size + 15) / 16 * 16;
+  constexpr std::size_t reductions = 1024;  // block_all_reduce's static arrays (two per kernel, 33 values each)
+  ::trainmem::detail::check(bytes + reductions <= 48 * 1024, kernel, ": ", values,
                             " scores per row do not fit a block's 48 KiB of shared memory on the CUDA backend");
   return bytes;
 }
