@@ -7,7 +7,8 @@
 // record: op, shape and dtype always; by default also the values, through a backend
 // fingerprint (core/fingerprint.hpp: an integer sum over at most 1,024 words in runs spread
 // over the tensor, taken for each dropped tensor in the forward and at the region's first
-// recompute, no copy of the tensor); on request a host checksum of every byte, or the
+// recompute, no copy of the tensor; the CUDA backend compares on the device and raises a
+// mismatch at the next host wait, so the check adds none); on request a host checksum of every byte, or the
 // bytes themselves, at every recompute. A mismatch is a
 // CheckpointError naming both saves, never a gradient computed from the wrong tensor.
 //
@@ -67,8 +68,8 @@ class DeterminismRecord {
   /// the recompute brings back, whose values are recorded as the level asks), or -1
   /// (kept directly, so the recompute only has to match its metadata).
   void record(const Tensor<B>& tensor, std::string_view op, std::int64_t slot) {
-    Save save{slot, tensor.shape(), tensor.dtype(), op, 0, {}};
-    if (slot >= 0 && level_ == DeterminismCheck::Fingerprint) save.checksum = tensor.backend().fingerprint(tensor);
+    Save save{slot, tensor.shape(), tensor.dtype(), op, {}, 0, {}};
+    if (slot >= 0 && level_ == DeterminismCheck::Fingerprint) save.fingerprint = tensor.backend().fingerprint(tensor);
     if (slot >= 0 && level_ == DeterminismCheck::Checksum) save.checksum = fnv1a(host_bytes(tensor));
     if (slot >= 0 && level_ == DeterminismCheck::Bitwise) save.bytes = host_bytes(tensor);
     saves_.push_back(std::move(save));
@@ -85,12 +86,13 @@ class DeterminismRecord {
                                    tensor.shape(), " from op '", op, "' in recompute");
     if (r.slot < 0) return r.slot;
     if (level_ == DeterminismCheck::Fingerprint && !values_verified_)
-      detail::check<CheckpointError>(
-          tensor.backend().fingerprint(tensor) == r.checksum,
-          "checkpoint: recompute is not deterministic: values of saved tensor #", k, " (op '", r.op, "', ", r.shape,
-          ") differ from the forward (fingerprint). The region's function recomputed something else with the same "
-          "shapes: most often a lambda that captures by reference ([&]) a variable changed after the forward (a loop "
-          "variable, the current layer); capture it by value instead ([=], or [&layer = blocks[i]])");
+      tensor.backend().check_fingerprint(
+          tensor, r.fingerprint,
+          detail::concat(
+              "checkpoint: recompute is not deterministic: values of saved tensor #", k, " (op '", r.op, "', ", r.shape,
+              ") differ from the forward (fingerprint). The region's function recomputed something else with the "
+              "same shapes: most often a lambda that captures by reference ([&]) a variable changed after the forward "
+              "(a loop variable, the current layer); capture it by value instead ([=], or [&layer = blocks[i]])"));
     if (level_ == DeterminismCheck::Checksum)
       detail::check<CheckpointError>(fnv1a(host_bytes(tensor)) == r.checksum,
                                      "checkpoint: recompute is not deterministic: values of saved tensor #", k,
@@ -120,7 +122,8 @@ class DeterminismRecord {
     Shape shape;
     DType dtype;
     std::string_view op;
-    std::uint64_t checksum;
+    typename B::Fingerprint fingerprint;  // DeterminismCheck::Fingerprint
+    std::uint64_t checksum;               // DeterminismCheck::Checksum
     std::vector<unsigned char> bytes;
   };
 

@@ -22,6 +22,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 
 #include "trainmem/core/attention_sizes.hpp"
 #include "trainmem/core/axis_view.hpp"
@@ -54,7 +55,8 @@ concept BackendStorage = requires(B& b, void* dst, const void* src, std::size_t 
 /// The kernels the ops call, each on tensors of run-time dtype.
 template <class B>
 concept BackendKernels = requires(B& b, const Tensor<B>& t, const GemmArgs& args, double x, float p, bool flag,
-                                  RngState rng, std::int64_t n, const AttentionSizes& attention, const AxisView& view) {
+                                  RngState rng, std::int64_t n, const AttentionSizes& attention, const AxisView& view,
+                                  const typename B::Fingerprint& fingerprint, const std::string& message) {
   b.gemm(args, t, t, t);
   b.fill(t, x);
   b.map(math::Identity{}, t, t);
@@ -63,7 +65,8 @@ concept BackendKernels = requires(B& b, const Tensor<B>& t, const GemmArgs& args
   b.sum_axis(t, t, view);
   b.sum_all(t, t);
   b.sum_squares(t, t);
-  { b.fingerprint(t) } -> std::same_as<std::uint64_t>;
+  { b.fingerprint(t) } -> std::same_as<typename B::Fingerprint>;
+  b.check_fingerprint(t, fingerprint, message);
   b.softmax(t, t, flag);
   b.softmax_backward(t, t, t, flag);
   b.layer_norm(t, t, t, t, t, t, x);

@@ -555,3 +555,56 @@ TEST_CASE("cuda step: dropout inside a checkpoint recompute gives the plain step
   REQUIRE(plain.size() == recomputed.size());
   for (std::size_t i = 0; i < plain.size(); ++i) CHECK(plain[i] == recomputed[i]);
 }
+
+// The first GPU run: DeterminismCheck::Fingerprint (the default) downloaded each
+// fingerprint, one host wait per tensor a region drops and per tensor its recompute
+// compares (130 waits where the step above expects 98). The fingerprints now stay on the
+// device, a mismatch waits for the next host wait, and until then no update is applied.
+TEST_CASE("cuda step: a recompute unlike its forward is raised at the next host wait, and its step is not applied",
+          "[cuda][checkpoint]") {
+  TRAINMEM_REQUIRE_CUDA_DEVICE();
+  Gpu& gpu = Gpu::default_instance();
+  tmem::nn::Init init(21);
+  tmem::nn::Linear<Gpu> layer(16, 16, init);
+  tmem::optim::SGD<Gpu> optimizer(layer.parameters(), tmem::optim::SgdOptions{0.1});
+  const auto x_values = twin_inputs();
+  const auto weight_before = layer.parameters()[0].value().to_host<float>();
+  const std::size_t held = gpu.fingerprints_held();
+  {
+    int calls = 0;
+    auto fickle = [&](const tmem::Var<Gpu>& x) { return tmem::relu(layer(tmem::scale(x, ++calls == 1 ? 1.0 : 1.5))); };
+    tmem::Tape<Gpu> tape(gpu);
+    auto x = tape.input(TensorG::from_host(Shape{4, 16}, x_values, DType::F32), true);
+    auto loss = tmem::sum(tmem::checkpoint(tape, fickle, x));
+    gpu.synchronize();
+    CHECK(gpu.fingerprints_held() > held);  // the forward's fingerprints, on the device
+    Gate gate;
+    gate.close(gpu.stream());
+    const auto syncs = gpu.host_syncs();
+    tape.backward(loss);  // the recompute is compared on the device ...
+    optimizer.step();     // ... and the pending mismatch cancels the update there
+    CHECK(gpu.host_syncs() == syncs);
+    gate.open();
+    try {
+      gpu.synchronize();
+      FAIL("no error");
+    } catch (const tmem::CheckpointError& e) {
+      WARN("message: " << e.what());
+      CHECK_THAT(e.what(), Catch::Contains("values of saved tensor") && Catch::Contains("fingerprint") &&
+                               Catch::Contains("raised at the next host wait"));
+    }
+    CHECK_FALSE(gate.timed_out());
+    CHECK_NOTHROW(gpu.synchronize());  // raised once, then cleared
+  }
+  CHECK(gpu.fingerprints_held() == held);  // the region's record gave its slots back
+  CHECK(layer.parameters()[0].value().to_host<float>() == weight_before);
+
+  // The same region, deterministic: no error, and the update is applied.
+  tmem::Tape<Gpu> tape(gpu);
+  auto x = tape.input(TensorG::from_host(Shape{4, 16}, x_values, DType::F32), true);
+  tape.backward(tmem::sum(tmem::checkpoint(
+      tape, [&](const tmem::Var<Gpu>& v) { return tmem::relu(layer(v)); }, x)));
+  optimizer.step();
+  CHECK_NOTHROW(gpu.synchronize());
+  CHECK(layer.parameters()[0].value().to_host<float>() != weight_before);
+}

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <optional>
 #include <span>
+#include <string>
 
 #include "trainmem/backend/cpu/allocator.hpp"
 #include "trainmem/backend/cpu/fused_update.hpp"
@@ -38,6 +39,7 @@ namespace trainmem::cpu {
 class Backend : public FusedUpdate<Backend> {
  public:
   using TensorT = Tensor<Backend>;
+  using Fingerprint = std::uint64_t;
   static constexpr const char* kName = "cpu";
 
   Backend() = default;
@@ -156,6 +158,10 @@ class Backend : public FusedUpdate<Backend> {
 
   /// core/fingerprint.hpp of t's bytes.
   std::uint64_t fingerprint(const TensorT& t) { return kernels::fingerprint(t.data(), t.bytes()); }
+  /// t's fingerprint against `expected`; a mismatch throws CheckpointError(message) here.
+  void check_fingerprint(const TensorT& t, Fingerprint expected, const std::string& message) {
+    detail::check<CheckpointError>(fingerprint(t) == expected, message);
+  }
 
   /// out[o, i] = sum over e of in[o, e, i], for in seen as `view`.
   void sum_axis(const TensorT& in, const TensorT& out, const AxisView& view) {

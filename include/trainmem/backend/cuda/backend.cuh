@@ -22,10 +22,12 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "trainmem/backend/cuda/allocator.cuh"
 #include "trainmem/backend/cuda/error.cuh"
+#include "trainmem/backend/cuda/fingerprint_checks.cuh"
 #include "trainmem/backend/cuda/fused_update.cuh"
 #include "trainmem/backend/cuda/gemm.cuh"
 #include "trainmem/backend/cuda/index_checks.cuh"
@@ -49,6 +51,7 @@ class Backend : public FusedUpdate<Backend> {
  public:
   using TensorT = Tensor<Backend>;
   using HostCopy = cuda::HostCopy;
+  using Fingerprint = runtime::DeviceFingerprint;
   static constexpr const char* kName = "cuda";
 
   /// Uses `device`, makes it current, and creates the stream, pool and cuBLASLt handle.
@@ -58,6 +61,7 @@ class Backend : public FusedUpdate<Backend> {
         sm_count_(runtime::multiprocessor_count(device)),
         allocator_(stats_, device, stream_.get()),
         index_checks_(),
+        fingerprint_checks_(),
         gemm_(context()),
         offload_(allocator_, stream_.get()) {}
   ~Backend() {
@@ -120,8 +124,10 @@ class Backend : public FusedUpdate<Backend> {
     runtime::make_current(device_);
     TRAINMEM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream()));
     index_checks_.queue_read(stream());
+    fingerprint_checks_.queue_read(stream());
     allocator_.synchronize(stream());
     index_checks_.raise(stream());
+    fingerprint_checks_.raise(stream());
   }
   /// Device to device, queued; overlapping ranges go through a scratch buffer (memmove semantics).
   void copy(void* dst, const void* src, std::size_t bytes) {
@@ -155,10 +161,12 @@ class Backend : public FusedUpdate<Backend> {
   void synchronize() {
     runtime::make_current(device_);
     index_checks_.queue_read(stream());
+    fingerprint_checks_.queue_read(stream());
     allocator_.synchronize(stream());
     offload_.synchronize();
     allocator_.check_deferred();
     index_checks_.raise(stream());
+    fingerprint_checks_.raise(stream());
   }
 
   // --- kernels ---------------------------------------------------------------------
@@ -207,15 +215,23 @@ class Backend : public FusedUpdate<Backend> {
       });
     });
   }
-  /// core/fingerprint.hpp of t's bytes: one reduction, then 8 bytes to the host (a wait).
-  std::uint64_t fingerprint(const TensorT& t) {
-    if (t.bytes() == 0) return 0;
-    kernels::ScratchBuffer word(context(), sizeof(unsigned long long));
-    kernels::fingerprint(context(), t.data(), t.bytes(), word.as<unsigned long long>());
-    unsigned long long host = 0;
-    download(&host, word.as<const void>(), sizeof(host));
-    return host;
+  /// core/fingerprint.hpp of t's bytes, kept on the device (fingerprint_checks.cuh): one
+  /// reduction, no host wait.
+  Fingerprint fingerprint(const TensorT& t) {
+    if (t.bytes() == 0) return {};
+    Fingerprint stored = fingerprint_checks_.acquire();
+    kernels::fingerprint(context(), t.data(), t.bytes(), stored.slot());
+    return stored;
   }
+  /// t's fingerprint against `expected` (same byte count), compared on the device: a
+  /// mismatch is raised as CheckpointError(message) at the next host wait.
+  void check_fingerprint(const TensorT& t, const Fingerprint& expected, std::string message) {
+    if (expected.empty()) return;
+    kernels::check_fingerprint(context(), t.data(), t.bytes(), expected.slot(), fingerprint_checks_.record(),
+                               fingerprint_checks_.expect(std::move(message)));
+  }
+  /// Device fingerprints held by regions' records (tests).
+  std::size_t fingerprints_held() const { return fingerprint_checks_.slots_in_use(); }
 
   /// out[o, i] = sum over e of in[o, e, i], for in seen as `view`.
   void sum_axis(const TensorT& in, const TensorT& out, const AxisView& view) {
@@ -382,6 +398,7 @@ class Backend : public FusedUpdate<Backend> {
   MemoryStats stats_;
   Allocator allocator_;
   runtime::IndexChecks index_checks_;
+  runtime::FingerprintChecks fingerprint_checks_;
   kernels::GemmEngine gemm_;
   runtime::OffloadEngine offload_;
 };

@@ -29,7 +29,8 @@ class FusedUpdate {
   /// (any floating dtype) read, and an optional 16-bit model copy written from the result;
   /// first_moment, second_moment and model_copy may be undefined. When found_inf (an f32
   /// scalar) is defined and non-zero the pass changes nothing, decided by the kernel (no
-  /// host wait); `rounding` says how the model copy is written (stochastic: bf16 only,
+  /// host wait), nor when a recompute's fingerprint differed from its forward's since the
+  /// last host wait (fingerprint_checks.cuh); `rounding` says how the model copy is written (stochastic: bf16 only,
   /// element i with draw i).
   template <class Update>
   void apply_update(Update update, const TensorT& param, const TensorT& grad, const TensorT& first_moment,
@@ -48,7 +49,8 @@ class FusedUpdate {
         TP* s2 = second_moment.defined() ? second_moment.template data_as<TP>() : nullptr;
         kernels::apply_update(derived().context(), update, param.template data_as<TP>(), grad.data(), grad.dtype(), s1,
                               s2, model_copy.defined() ? model_copy.data() : nullptr,
-                              model_copy.defined() ? model_copy.dtype() : DType::F32, param.numel(), skip, rounding);
+                              model_copy.defined() ? model_copy.dtype() : DType::F32, param.numel(), skip,
+                              derived().fingerprint_checks_.record(), rounding);
       }
     });
   }

@@ -129,17 +129,36 @@ struct StoreFingerprint {
   unsigned long long* out;
   __device__ void operator()(unsigned long long total) const { out[0] = total; }
 };
+/// On a mismatch with the stored fingerprint, claims `record` with `check` (the first claim stays).
+struct CompareFingerprint {
+  const unsigned long long* expected;
+  unsigned long long* record;
+  unsigned long long check;
+  __device__ void operator()(unsigned long long total) const {
+    if (total != expected[0]) atomicCAS(record, 0ull, check);
+  }
+};
 }  // namespace device
 
 /// core/fingerprint.hpp of `bytes` bytes at `data`, into the device word `out`: an
 /// integer sum, so the tree order of reduce_all gives the CPU loop's bits.
-inline void fingerprint(const KernelContext& ctx, const void* data, std::uint64_t bytes, unsigned long long* out) {
+template <class Finish>
+void reduce_fingerprint(const KernelContext& ctx, const void* data, std::uint64_t bytes, Finish finish) {
   const std::uint64_t words = (bytes + 7) / 8;
   const bool aligned = reinterpret_cast<std::uintptr_t>(data) % 8 == 0;
   reduce_all<unsigned long long>(
       ctx, static_cast<std::int64_t>(::trainmem::detail::fingerprint_samples(words)),
-      device::FingerprintWord{static_cast<const unsigned char*>(data), bytes, words, aligned},
-      device::StoreFingerprint{out});
+      device::FingerprintWord{static_cast<const unsigned char*>(data), bytes, words, aligned}, finish);
+}
+inline void fingerprint(const KernelContext& ctx, const void* data, std::uint64_t bytes, unsigned long long* out) {
+  reduce_fingerprint(ctx, data, bytes, device::StoreFingerprint{out});
+}
+/// Compares the fingerprint of `bytes` bytes at `data` with the device word `expected`; a
+/// mismatch claims `record` with `check` (fingerprint_checks.cuh raises it at the next host wait).
+inline void check_fingerprint(const KernelContext& ctx, const void* data, std::uint64_t bytes,
+                              const unsigned long long* expected, unsigned long long* record,
+                              unsigned long long check) {
+  reduce_fingerprint(ctx, data, bytes, device::CompareFingerprint{expected, record, check});
 }
 
 }  // namespace trainmem::cuda::kernels

@@ -16,14 +16,16 @@
 namespace trainmem::cuda::kernels {
 
 /// One optimizer pass over param (TP, the f32/f64 master): the gradient and the optional
-/// 16-bit model copy have run-time dtypes; with `skip` set and non-zero, nothing changes.
+/// 16-bit model copy have run-time dtypes; with `skip` set and non-zero, nothing changes,
+/// nor with `mismatch` non-zero (a recompute that differed from its forward, fingerprint_checks.cuh,
+/// raised at the next host wait: its gradients must not reach the parameters).
 /// A bf16 copy may be rounded stochastically with draw i of `rng` (bf16_round_stochastic).
 namespace device {
 template <class Update, class TP>
 __global__ void apply_update_kernel(Update update, TP* param, const void* grad, DType grad_dtype, TP* first_moment,
                                     TP* second_moment, void* copy, DType copy_dtype, std::int64_t n, const float* skip,
-                                    bool stochastic, RngState rng) {
-  if (skip != nullptr && *skip != 0.0f) return;
+                                    const unsigned long long* mismatch, bool stochastic, RngState rng) {
+  if ((skip != nullptr && *skip != 0.0f) || *mismatch != 0) return;
   for (std::int64_t i = global_thread(); i < n; i += grid_stride()) {
     TP p = param[i];
     TP s1 = first_moment != nullptr ? first_moment[i] : TP(0);
@@ -44,11 +46,11 @@ __global__ void apply_update_kernel(Update update, TP* param, const void* grad, 
 template <class Update, class TP>
 void apply_update(const KernelContext& ctx, Update update, TP* param, const void* grad, DType grad_dtype,
                   TP* first_moment, TP* second_moment, void* copy, DType copy_dtype, std::int64_t n, const float* skip,
-                  const CopyRounding& rounding) {
+                  const unsigned long long* mismatch, const CopyRounding& rounding) {
   if (n == 0) return;
   const bool stochastic = copy != nullptr && rounding.mode == RoundingMode::Stochastic;
   device::apply_update_kernel<<<blocks_for(ctx, n), kThreads, 0, ctx.stream>>>(
-      update, param, grad, grad_dtype, first_moment, second_moment, copy, copy_dtype, n, skip, stochastic,
+      update, param, grad, grad_dtype, first_moment, second_moment, copy, copy_dtype, n, skip, mismatch, stochastic,
       rounding.rng);
   TRAINMEM_CUDA_CHECK_LAUNCH("apply_update_kernel");
 }
