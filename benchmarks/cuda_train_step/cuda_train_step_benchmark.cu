@@ -16,7 +16,9 @@
 // Timing per METHOD.md: CUDA events around the whole step on the backend's stream
 // (host gaps included), warm-up steps first, then the median of --steps steps. The
 // configurations run one after another, each alone on the device, so the peak bytes
-// per MemoryStats category (over each step's PeakWindow) are its own.
+// per MemoryStats category (over each step's PeakWindow) are its own. Last, the fused
+// attention op alone (forward and backward on one block's shapes) says how much of a
+// step is attention, whose kernels use CUDA cores only (kernels/attention.cuh).
 //
 //   trainmem_cuda_train_step_benchmark [--json PATH] [--layers N] [--batch B] [--seq T]
 //                                      [--dim D] [--heads H] [--steps N] [--dropout P] [--quick]
@@ -177,6 +179,43 @@ double step(Run& run, bool record) {
 
 double gib(std::int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0); }
 
+/// The fused causal attention op alone, forward and backward, on one block's q, k and v
+/// ([batch x heads, seq, dim / heads] in `dtype`, as the block's autocast gives it): median
+/// ms, events as in step(). Times the layer count, it says how much of a step is attention.
+double attention_ms(const Config& c, tmem::DType dtype, std::mt19937_64& engine) {
+  Gpu& gpu = Gpu::default_instance();
+  const tmem::Shape shape{c.batch * c.heads, c.seq, c.dim / c.heads};
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> values(static_cast<std::size_t>(shape.numel()));
+  std::array<TensorT, 3> qkv;
+  for (auto& t : qkv) {
+    for (auto& v : values) v = dist(engine);
+    t = TensorT::from_host(shape, values, dtype);
+  }
+  cudaEvent_t start, stop;
+  TRAINMEM_CUDA_CHECK(cudaEventCreate(&start));
+  TRAINMEM_CUDA_CHECK(cudaEventCreate(&stop));
+  std::vector<double> times;
+  for (int s = 0; s < c.warmup + c.steps; ++s) {
+    gpu.synchronize();
+    TRAINMEM_CUDA_CHECK(cudaEventRecord(start, gpu.stream()));
+    {
+      tmem::Tape<Gpu> tape(gpu);
+      Var q = tape.input(qkv[0], true), k = tape.input(qkv[1], true), v = tape.input(qkv[2], true);
+      tape.backward(tmem::sum(tmem::scaled_dot_product_attention(q, k, v, true)));
+    }
+    TRAINMEM_CUDA_CHECK(cudaEventRecord(stop, gpu.stream()));
+    TRAINMEM_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0.0f;
+    TRAINMEM_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    if (s >= c.warmup) times.push_back(ms);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  gpu.synchronize();
+  return benchmarks::median(times);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -229,6 +268,8 @@ int main(int argc, char** argv) {
 
     const double f32_plain = benchmarks::median(find(tmem::DType::F32, Schedule::Plain).step_ms);
     const double bf16_plain = benchmarks::median(find(tmem::DType::BF16, Schedule::Plain).step_ms);
+    const double f32_attention = attention_ms(c, tmem::DType::F32, engine);
+    const double bf16_attention = attention_ms(c, tmem::DType::BF16, engine);
     if (!c.json_path.empty()) {
       std::ofstream out(c.json_path);
       out << "{\n  \"benchmark\": \"cuda_train_step\",\n  \"device\": \"" << props.name << "\",\n  \"config\": {"
@@ -236,7 +277,9 @@ int main(int argc, char** argv) {
           << ", \"dim\": " << c.dim << ", \"heads\": " << c.heads << ", \"hidden\": " << 4 * c.dim
           << ", \"dropout\": " << c.dropout << ", \"steps\": " << c.steps << ", \"warmup\": " << c.warmup
           << "},\n  \"first_steps_consistent\": " << (consistent ? "true" : "false")
-          << ",\n  \"bf16_speedup_over_f32\": " << f32_plain / bf16_plain << ",\n  \"runs\": [\n";
+          << ",\n  \"bf16_speedup_over_f32\": " << f32_plain / bf16_plain
+          << ",\n  \"attention_fwd_bwd_ms_per_block\": {\"f32\": " << f32_attention << ", \"bf16\": " << bf16_attention
+          << "},\n  \"runs\": [\n";
       for (std::size_t i = 0; i < runs.size(); ++i) {
         const Run& r = *runs[i];
         const double plain = benchmarks::median(find(r.precision, Schedule::Plain).step_ms);
@@ -272,6 +315,12 @@ int main(int argc, char** argv) {
     }
     std::printf("bf16 speed-up over f32 (plain): %.2fx; first steps consistent across schedules: %s\n",
                 f32_plain / bf16_plain, consistent ? "yes" : "NO");
+    std::printf(
+        "fused attention alone, forward + backward per block: f32 %.2f ms, bf16 %.2f ms; x %lld blocks = %.0f%% "
+        "(f32) and %.0f%% (bf16) of the plain step\n",
+        f32_attention, bf16_attention, static_cast<long long>(c.layers),
+        100.0 * f32_attention * static_cast<double>(c.layers) / f32_plain,
+        100.0 * bf16_attention * static_cast<double>(c.layers) / bf16_plain);
     return consistent ? 0 : 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "cuda_train_step: %s\n", e.what());
