@@ -1,4 +1,5 @@
-// trainmem/backend/cuda/fingerprint_checks.cuh — a recompute's fingerprints compared on the device, raised at the next host wait.
+// trainmem/backend/cuda/fingerprint_checks.cuh — a recompute's fingerprints compared on the device, raised at the next
+// host wait.
 //
 // DeterminismCheck::Fingerprint (checkpoint/determinism.hpp) compares each tensor a
 // region's recompute brings back with the one its forward dropped. On the CPU that is two
