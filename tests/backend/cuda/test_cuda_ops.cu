@@ -320,6 +320,15 @@ TEST_CASE("cuda ops: fused attention, causal and not, square and tq < tk", "[cud
   check_op("attention, causal, 5 queries on 40 keys",
            {input(random, Shape{3, 5, 16}), input(random, Shape{3, 40, 16}), input(random, Shape{3, 40, 16})},
            [](auto&, auto& v) { return tmem::scaled_dot_product_attention(v[0], v[1], v[2], true); });
+  // Several tiles of queries and keys (64 per tile, 32 in f64), the last ones partial:
+  // the online softmax across key tiles and the causal walks' first and last tiles.
+  for (bool causal : {true, false})
+    check_op(std::string("attention over tiles, causal ") + (causal ? "yes" : "no"),
+             {input(random, Shape{2, 150, 64}), input(random, Shape{2, 150, 64}), input(random, Shape{2, 150, 64})},
+             [causal](auto&, auto& v) { return tmem::scaled_dot_product_attention(v[0], v[1], v[2], causal); });
+  check_op("attention over tiles, causal, 70 queries on 200 keys",
+           {input(random, Shape{2, 70, 40}), input(random, Shape{2, 200, 40}), input(random, Shape{2, 200, 40})},
+           [](auto&, auto& v) { return tmem::scaled_dot_product_attention(v[0], v[1], v[2], true); });
 }
 
 TEST_CASE("cuda ops: sum, mean and embedding", "[cuda][ops]") {
