@@ -207,7 +207,7 @@ class Backend : public FusedUpdate<Backend> {
         using Acc = AccumulatorOf<T>;
         kernels::layer_norm_backward(dy.data_as<const T>(), x.data_as<const T>(), gamma.data_as<const TP>(),
                                      mean.data_as<const Acc>(), rstd.data_as<const Acc>(), dx.data_as<T>(),
-                                     dgamma.data_as<TP>(), dbeta.data_as<TP>(), x.rows(), x.cols());
+                                     dgamma.data_as<TP>(), dbeta.data_as<TP>(), x.rows(), x.cols(), allocator_);
       });
     });
   }
@@ -227,7 +227,7 @@ class Backend : public FusedUpdate<Backend> {
       visit_floating(weight.dtype(), "rms_norm_backward", [&]<class TP>() {
         kernels::rms_norm_backward(dy.data_as<const T>(), x.data_as<const T>(), weight.data_as<const TP>(),
                                    rstd.data_as<const AccumulatorOf<T>>(), dx.data_as<T>(), dweight.data_as<TP>(),
-                                   x.rows(), x.cols());
+                                   x.rows(), x.cols(), allocator_);
       });
     });
   }

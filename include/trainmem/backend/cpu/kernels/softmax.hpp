@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "trainmem/backend/cpu/kernels/lane_sum.hpp"
 #include "trainmem/backend/cpu/kernels/parallel.hpp"
 #include "trainmem/core/dtype.hpp"
 #include "trainmem/core/math.hpp"
@@ -26,8 +27,8 @@ template <class Acc, class T>
 MaxSumExp<Acc> max_and_sum_exp(const T* row, std::int64_t cols) {
   Acc max = -std::numeric_limits<Acc>::infinity();
   for (std::int64_t c = 0; c < cols; ++c) max = std::max(max, static_cast<Acc>(detail::widen(row[c])));
-  Acc sum = 0;
-  for (std::int64_t c = 0; c < cols; ++c) sum += math::exp(static_cast<Acc>(detail::widen(row[c])) - max);
+  const Acc sum =
+      lane_sum<Acc>(cols, [&](std::int64_t c) { return math::exp(static_cast<Acc>(detail::widen(row[c])) - max); });
   return {max, sum};
 }
 
@@ -56,8 +57,7 @@ void softmax_backward(const T* dy, const T* y, T* dx, std::int64_t rows, std::in
   parallel_for(rows, rows * cols > kParallelGrain, [&](std::int64_t r) {
     const T *dyr = dy + r * cols, *yr = y + r * cols;
     T* dxr = dx + r * cols;
-    Acc dot = 0;
-    for (std::int64_t c = 0; c < cols; ++c) dot += row.term(w(dyr[c]), w(yr[c]));
+    const Acc dot = lane_sum<Acc>(cols, [&](std::int64_t c) { return row.term(w(dyr[c]), w(yr[c])); });
     for (std::int64_t c = 0; c < cols; ++c) dxr[c] = detail::narrow<T>(row(w(dyr[c]), w(yr[c]), dot));
   });
 }
