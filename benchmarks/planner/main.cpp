@@ -6,7 +6,8 @@
 // Budgets are fractions (0.5, 0.25, 0.1) of the plain step's peak saved-activation bytes,
 // plus the smallest budget any schedule meets. Hand schedules, over the stages: none,
 // every stage ("every_block"), every-k (each k), sqrt N, selective (save_matmuls per
-// stage) and selective + every-k. Every schedule
+// stage), selective + every-k, and save_attention per stage (policy::save_attention:
+// keeps fused attention's outputs only). Every schedule
 // and every plan runs round-robin `reps` times in the same run (median step time; ratios
 // to "none" from that run); a row per (budget, schedule) says whether its measured peak
 // saved bytes fit the budget. The planner also reports its predicted peak and its solve
@@ -20,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <ctime>
 #include <fstream>
@@ -47,6 +49,7 @@ struct Config {
   std::int64_t width = 128, hidden = 512, batch = 128;
   int blocks = 8;
   bool print_profile = false;
+  bool op_times = false;
   std::int64_t dim = 128, heads = 4, tokens = 64, seq_batch = 8, vocab = 256;
 };
 
@@ -67,7 +70,8 @@ Segments sequential(std::int64_t n, std::int64_t segments, tmem::StageMode mode)
 /// saved bytes at the start of backward (when every stage's kept bytes are live at once,
 /// so no schedule's peak is lower): each stage may drop up to all it keeps, fractionally,
 /// at its cheapest measured rate (ms per byte) of a one-stage recompute region, a
-/// one-stage selective region, or being rerun whole inside a longer region (its forward).
+/// one-stage selective or save-attention region, or being rerun whole inside a longer
+/// region (its forward).
 /// Whole stages and the recompute's transient bytes only make the real cost higher.
 double added_ms_lower_bound(const tmem::ChainProfile& p, std::int64_t budget) {
   struct Rate {
@@ -81,7 +85,7 @@ double added_ms_lower_bound(const tmem::ChainProfile& p, std::int64_t budget) {
     kept += k;
     if (k <= 0.0) continue;
     double best = st.fwd_ms[0] / k;  // rerun whole inside a longer region: drops all it keeps
-    for (int m : {1, 2}) {
+    for (int m : {1, 2, 3}) {
       const auto dropped = static_cast<double>(st.kept[0][1] - st.kept[m][1]);
       if (dropped > 0.0) best = std::min(best, std::max(0.0, st.bwd_ms[m] - st.bwd_ms[0]) / dropped);
     }
@@ -102,9 +106,12 @@ std::vector<std::pair<std::string, Segments>> hand_schedules(std::int64_t n) {
   using M = tmem::StageMode;
   std::vector<std::pair<std::string, Segments>> out;
   out.push_back({"none", {{0, n, M::Keep}}});
-  Segments each, selective;
-  for (std::int64_t k = 0; k < n; ++k)
-    each.push_back({k, k + 1, M::Recompute}), selective.push_back({k, k + 1, M::Selective});
+  Segments each, selective, attention;
+  for (std::int64_t k = 0; k < n; ++k) {
+    each.push_back({k, k + 1, M::Recompute});
+    selective.push_back({k, k + 1, M::Selective});
+    attention.push_back({k, k + 1, M::SaveAttention});
+  }
   out.push_back({"every_block", each});
   for (std::int64_t k = 2; k <= n / 2; k *= 2)
     out.push_back({"every_" + std::to_string(k), sequential(n, n / k, M::Recompute)});
@@ -112,12 +119,72 @@ std::vector<std::pair<std::string, Segments>> hand_schedules(std::int64_t n) {
   out.push_back({"selective", selective});
   for (std::int64_t k = 2; k <= 8 && k <= n / 2; k *= 2)
     out.push_back({"selective_every_" + std::to_string(k), sequential(n, n / k, M::Selective)});
+  out.push_back({"save_attention", attention});
+  return out;
+}
+
+/// Forward time of each op of one transformer block (median of `reps`), for the op-level
+/// bound (benchmarks/planner/op_bound.py): the block runs as a checkpoint region whose
+/// policy keeps everything and notes the clock each time it is asked, which is as each op
+/// finishes, so the gap between two asks is one op (its kernels and its recording).
+nlohmann::json block_op_times(const examples::TransformerStack<B>& stack, std::int64_t block_stage, int reps) {
+  using Clock = std::chrono::steady_clock;
+  std::vector<std::string> names;
+  std::vector<std::size_t> bytes;
+  std::vector<std::vector<double>> ms;
+  for (int r = 0; r < reps + 1; ++r) {  // the first round warms up
+    std::size_t k = 0;
+    Clock::time_point last;
+    tmem::CheckpointOptions o;
+    o.policy = [&](const tmem::OpSummary& s) {
+      const Clock::time_point now = Clock::now();
+      if (k > 0 && r > 0) {  // op 0 is the probe that starts the clock
+        if (ms.size() < k) names.emplace_back(s.op.name), bytes.push_back(s.bytes), ms.emplace_back();
+        ms[k - 1].push_back(std::chrono::duration<double, std::milli>(now - last).count());
+      }
+      ++k;
+      last = Clock::now();
+      return tmem::kMustSave;
+    };
+    for (auto& p : stack.params) p.zero_grad();
+    tmem::Tape<B> tape;
+    auto h = tape.input(stack.input);
+    for (std::int64_t i = 0; i < block_stage; ++i) h = stack.stages[static_cast<std::size_t>(i)](h);
+    const auto& block = stack.stages[static_cast<std::size_t>(block_stage)];
+    h = tmem::checkpoint(
+        tape, o, [&](const tmem::Var<B>& x) { return block(tmem::scale(x, 1.0)); }, h);
+  }
+  // A recompute that needs only z runs feed_forward's first product: timed alone, unrecorded.
+  std::vector<double> first_linear;
+  {
+    tmem::NoGradGuard no_grad;
+    tmem::nn::Init init(1);
+    const tmem::nn::Linear<B> up(stack.dim_, 4 * stack.dim_, init);
+    tmem::Tape<B> tape;
+    const auto x =
+        tape.input(tmem::Tensor<B>::zeros(tmem::Shape{stack.batch_ * stack.tokens_, stack.dim_}, tmem::DType::F32));
+    for (int r = 0; r < reps + 1; ++r) {
+      const auto t = Clock::now();
+      const auto z = up(x);
+      if (r > 0) first_linear.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t).count());
+    }
+  }
+  nlohmann::json out = nlohmann::json::array();
+  std::printf("  forward of block stage %lld, op by op (median of %d):\n", static_cast<long long>(block_stage), reps);
+  for (std::size_t i = 0; i < ms.size(); ++i) {
+    const double med = benchmarks::median(ms[i]);
+    std::printf("    %2zu  %-30s %9zu B  %7.4f ms\n", i, names[i].c_str(), bytes[i], med);
+    out.push_back({{"op", names[i]}, {"output_bytes", bytes[i]}, {"ms", med}});
+  }
+  const double fc1 = benchmarks::median(first_linear);
+  std::printf("        feed_forward's first linear alone         %7.4f ms\n", fc1);
+  out.push_back({{"op", "feed_forward.first_linear"}, {"output_bytes", 0}, {"ms", fc1}});
   return out;
 }
 
 template <class Model>
 void run_model(const std::string& name, const Model& model, const Config& c, nlohmann::json& rows,
-               nlohmann::json& solves, nlohmann::json& bounds) {
+               nlohmann::json& solves, nlohmann::json& bounds, nlohmann::json& profiles) {
   const tmem::ChainStep<B> step = [&model](const tmem::ChainRunner<B>& run) { model.step(run); };
   const auto n = static_cast<std::int64_t>(model.stages.size());
   const benchmarks::Stopwatch profile_watch;
@@ -155,18 +222,29 @@ void run_model(const std::string& name, const Model& model, const Config& c, nlo
       "\n%s: %lld stages, profiled in %.1f s; plain step: peak saved %lld B, whole step %lld B, model state %lld B\n",
       name.c_str(), static_cast<long long>(n), profile_s, static_cast<long long>(plain_saved),
       static_cast<long long>(profile.plain_peak[0]), static_cast<long long>(profile.model_state));
+  nlohmann::json stage_costs = nlohmann::json::array();
+  for (const tmem::StageCosts& st : profile.stages)
+    stage_costs.push_back({{"fwd_ms", st.fwd_ms},
+                           {"bwd_ms", st.bwd_ms},
+                           {"kept_saved_bytes", {st.kept[0][1], st.kept[1][1], st.kept[2][1], st.kept[3][1]}}});
+  profiles[name] = {{"modes", {"keep", "recompute", "selective", "save_attention"}},
+                    {"plain_ms", profile.plain_ms},
+                    {"plain_peak_saved_bytes", plain_saved},
+                    {"stages", stage_costs}};
   if (c.print_profile) {
     // The measured costs the plans come from: per stage, forward and backward time and
-    // the saved bytes it leaves kept, plain / one-stage recompute region / selective region.
+    // the saved bytes it leaves kept, plain / one-stage recompute region / selective region /
+    // save-attention region.
     std::printf(
-        "  stage   fwd ms keep/recompute/selective   bwd ms keep/recompute/selective   kept saved B "
-        "keep/recompute/selective\n");
+        "  stage   fwd ms keep/recomp/select/attn   bwd ms keep/recomp/select/attn   kept saved B "
+        "keep/recompute/selective/save_attention\n");
     for (std::int64_t s = 0; s < n; ++s) {
       const tmem::StageCosts& st = profile.stages[static_cast<std::size_t>(s)];
-      std::printf("  %5lld  %6.2f %6.2f %6.2f              %6.2f %6.2f %6.2f              %9lld %9lld %9lld\n",
-                  static_cast<long long>(s), st.fwd_ms[0], st.fwd_ms[1], st.fwd_ms[2], st.bwd_ms[0], st.bwd_ms[1],
-                  st.bwd_ms[2], static_cast<long long>(st.kept[0][1]), static_cast<long long>(st.kept[1][1]),
-                  static_cast<long long>(st.kept[2][1]));
+      std::printf("  %5lld  %6.2f %6.2f %6.2f %6.2f      %6.2f %6.2f %6.2f %6.2f      %9lld %9lld %9lld %9lld\n",
+                  static_cast<long long>(s), st.fwd_ms[0], st.fwd_ms[1], st.fwd_ms[2], st.fwd_ms[3], st.bwd_ms[0],
+                  st.bwd_ms[1], st.bwd_ms[2], st.bwd_ms[3], static_cast<long long>(st.kept[0][1]),
+                  static_cast<long long>(st.kept[1][1]), static_cast<long long>(st.kept[2][1]),
+                  static_cast<long long>(st.kept[3][1]));
     }
   }
   for (std::size_t b = 0; b < budgets.size(); ++b) {
@@ -291,6 +369,8 @@ int main(int argc, char** argv) {
   app.add_option("--hidden", c.hidden, "MLP chain: hidden width");
   app.add_option("--batch", c.batch, "MLP chain: rows per batch");
   app.add_flag("--profile", c.print_profile, "print each model's measured stage costs");
+  app.add_flag("--op-times", c.op_times,
+               "transformer: also time one block's forward op by op (for benchmarks/planner/op_bound.py)");
   app.add_option("--blocks", c.blocks, "transformer: blocks");
   app.add_option("--dim", c.dim, "transformer: width");
   app.add_option("--tokens", c.tokens, "transformer: sequence length");
@@ -300,15 +380,17 @@ int main(int argc, char** argv) {
   std::printf(
       "checkpoint planner vs hand schedules, f32, %d threads, median of %d steps, budgets on saved activations\n",
       threads, c.reps);
-  nlohmann::json rows = nlohmann::json::array(), solves = nlohmann::json::array(), bounds = nlohmann::json::array();
+  nlohmann::json rows = nlohmann::json::array(), solves = nlohmann::json::array(), bounds = nlohmann::json::array(),
+                 profiles = nlohmann::json::object(), op_times = nlohmann::json::object();
   for (const std::string& m : c.models) {
     if (m == "mlp64" || m == "mlp256") {
       examples::ResidualMlpChain<B> chain(m == "mlp64" ? 64 : 256, c.width, c.hidden, c.batch);
-      run_model(m, chain, c, rows, solves, bounds);
+      run_model(m, chain, c, rows, solves, bounds, profiles);
     } else if (m == "transformer" || m == "transformer_halves") {
       examples::TransformerStack<B> stack(c.blocks, c.dim, c.heads, 4 * c.dim, c.vocab, c.seq_batch, c.tokens, 7,
                                           m == "transformer_halves");
-      run_model(m, stack, c, rows, solves, bounds);
+      if (c.op_times && m == "transformer") op_times[m] = block_op_times(stack, 1, 4 * c.reps);  // next to the profile
+      run_model(m, stack, c, rows, solves, bounds, profiles);
     } else {
       std::fprintf(stderr, "planner: unknown model '%s'\n", m.c_str());
       return 1;
@@ -331,7 +413,9 @@ int main(int argc, char** argv) {
                                 {"vocab", c.vocab}}},
                               {"results", rows},
                               {"solves", solves},
-                              {"time_ratio_lower_bounds", bounds}};
+                              {"time_ratio_lower_bounds", bounds},
+                              {"profiles", profiles},
+                              {"block_op_ms", op_times}};
   std::ofstream(c.json_path) << out.dump(2) << "\n";
   std::printf("\nwrote %s\n", c.json_path.c_str());
   return 0;

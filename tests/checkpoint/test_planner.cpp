@@ -32,7 +32,7 @@ ChainProfile random_profile(std::int64_t n, std::mt19937_64& rng) {
       s.fwd_ms[m] = ms(rng);
       s.bwd_ms[m] = ms(rng) * (m == 0 ? 1.0 : 1.5);
       for (int c = 0; c < kMemChannels; ++c) {
-        s.kept[m][c] = m == 1 ? s.output_bytes : s.output_bytes + mid(rng) / (m == 2 ? 2 : 1);
+        s.kept[m][c] = m == 1 ? s.output_bytes : s.output_bytes + mid(rng) / (m == 0 ? 1 : m);
         s.fwd_peak[m][c] = s.kept[m][c] + small(rng);
         s.bwd_peak[m][c] = mid(rng) + small(rng);
         s.bwd_change[m][c] = -s.kept[m][c] + small(rng) / 3;
@@ -51,8 +51,8 @@ ChainProfile random_profile(std::int64_t n, std::mt19937_64& rng) {
   return p;
 }
 
-/// Every schedule of stages [0, n): Keep or Selective per stage, a Recompute region of any
-/// length, or a Nested region of two stages or more.
+/// Every schedule of stages [0, n): Keep, Selective or SaveAttention per stage, a Recompute
+/// region of any length, or a Nested region of two stages or more.
 void enumerate(std::int64_t begin, std::int64_t n, std::vector<Segment>& prefix,
                const std::function<void(const std::vector<Segment>&)>& visit) {
   if (begin == n) {
@@ -62,9 +62,11 @@ void enumerate(std::int64_t begin, std::int64_t n, std::vector<Segment>& prefix,
   prefix.push_back({begin, begin + 1, StageMode::Keep});
   enumerate(begin + 1, n, prefix, visit);
   prefix.pop_back();
-  prefix.push_back({begin, begin + 1, StageMode::Selective});
-  enumerate(begin + 1, n, prefix, visit);
-  prefix.pop_back();
+  for (const StageMode selective : {StageMode::Selective, StageMode::SaveAttention}) {
+    prefix.push_back({begin, begin + 1, selective});
+    enumerate(begin + 1, n, prefix, visit);
+    prefix.pop_back();
+  }
   for (std::int64_t end = begin + 1; end <= n; ++end) {
     prefix.push_back({begin, end, StageMode::Recompute});
     enumerate(end, n, prefix, visit);
@@ -186,6 +188,34 @@ TEST_CASE("a planned step's gradients are bitwise those of the plain step", "[ch
   // Nested regions: inner stages are regions of their own, inside the recompute too.
   const std::vector<Segment> nested = {{0, 1, StageMode::Keep}, {1, 4, StageMode::Nested}, {4, 8, StageMode::Nested}};
   CHECK(gradients(chain, ChainRunner<B>(chain.stages, nested)) == reference);
+}
+
+TEST_CASE(
+    "a SaveAttention region keeps just attention's output and log-sum-exp, and its gradients are the plain "
+    "step's bit for bit",
+    "[checkpoint][planner]") {
+  const std::int64_t batch = 8, tokens = 32, dim = 32, heads = 4;
+  examples::TransformerStack<B> stack(8, dim, heads, 2 * dim, 64, batch, tokens);
+  Planner<B> planner(stack.stages, [&stack](const ChainRunner<B>& run) { stack.step(run); }, {1, {}});
+  const auto n = static_cast<std::int64_t>(stack.stages.size());
+  const auto mode = [](StageMode m) { return static_cast<std::size_t>(m); };
+  // Attention's output [batch * heads, tokens, dim / heads] and log-sum-exp [batch * heads, tokens], f32.
+  const std::int64_t attention_outputs = (batch * tokens * dim + batch * heads * tokens) * 4;
+  for (std::int64_t k = 1; k + 1 < n; ++k) {
+    const StageCosts& s = planner.profile().stages[static_cast<std::size_t>(k)];
+    INFO("block stage " << k);
+    CHECK(s.kept[mode(StageMode::SaveAttention)][1] - s.kept[mode(StageMode::Recompute)][1] == attention_outputs);
+    CHECK(s.kept[mode(StageMode::SaveAttention)][1] < s.kept[mode(StageMode::Selective)][1]);
+  }
+  std::vector<Segment> schedule = {{0, 1, StageMode::Keep}};
+  for (std::int64_t k = 1; k + 1 < n; ++k) schedule.push_back({k, k + 1, StageMode::SaveAttention});
+  schedule.push_back({n - 1, n, StageMode::Keep});
+  const auto reference = gradients(stack, ChainRunner<B>(stack.stages, {{0, n, StageMode::Keep}}));
+  CHECK(gradients(stack, ChainRunner<B>(stack.stages, schedule)) == reference);
+  const PlanPrediction predicted = predict(planner.profile(), schedule);
+  const StepMeasurement m = planner.measure(schedule);
+  for (int c = 0; c < kMemChannels; ++c)
+    CHECK(std::abs(static_cast<double>(predicted.peak[c] - m.peak[c])) <= 0.02 * static_cast<double>(m.peak[c]));
 }
 
 TEST_CASE("a Nested segment's predicted peak and kept bytes are the measured ones (2%), below a Recompute one's",

@@ -5,8 +5,9 @@
 // A stage's bytes depend on its neighbours (who keeps the tensor between two stages,
 // when the gradients of later stages appear), so stages are not profiled one by one in
 // isolation: the user's own step runs whole, once with every stage plain (Keep), once
-// with every stage its own full-recompute region (Recompute) and once with every stage
-// its own save_matmuls region (Selective). A ChainRunner marks MemoryStats (live and
+// with every stage its own full-recompute region (Recompute), once with every stage its
+// own save_matmuls region (Selective) and once with every stage its own save_attention
+// region (SaveAttention). A ChainRunner marks MemoryStats (live and
 // window peak of the total and of saved activations) and the clock between stages in
 // forward, and a probe op after each stage does the same in backward (its backward is
 // the identity and fires when the stage's output gradient is ready). Each stage thus
@@ -36,19 +37,25 @@
 namespace trainmem {
 
 /// How a segment of the chain runs: plain, as one full-recompute region, as one region
-/// under policy::save_matmuls (keeps matmul outputs, recomputes the rest), or as one
-/// full-recompute region whose stages but the last are regions of their own (Nested:
-/// its recompute keeps only the inner stages' inputs, and each inner stage is
-/// recomputed once more for its own backward; NOTE [Nested segments] in planner_solver.hpp).
-enum class StageMode : std::uint8_t { Keep = 0, Recompute = 1, Selective = 2, Nested = 3 };
+/// under policy::save_matmuls (keeps matmul outputs, recomputes the rest), as one region
+/// under policy::save_attention (keeps attention's outputs only: between Selective and
+/// Recompute in bytes and time), or as one full-recompute region whose stages but the
+/// last are regions of their own (Nested: its recompute keeps only the inner stages'
+/// inputs, and each inner stage is recomputed once more for its own backward; NOTE
+/// [Nested segments] in planner_solver.hpp).
+enum class StageMode : std::uint8_t { Keep = 0, Recompute = 1, Selective = 2, SaveAttention = 3, Nested = 4 };
 /// Modes a profile measures (Nested's costs follow from Keep's and Recompute's).
-inline constexpr int kStageModes = 3;
+inline constexpr int kStageModes = 4;
+
+/// Whether a mode is a one-stage region under a selective policy (Selective, SaveAttention).
+inline bool is_selective(StageMode m) { return m == StageMode::Selective || m == StageMode::SaveAttention; }
 
 inline const char* name_of(StageMode m) {
   switch (m) {
     case StageMode::Keep: return "keep";
     case StageMode::Recompute: return "recompute";
     case StageMode::Selective: return "selective";
+    case StageMode::SaveAttention: return "save attention";
     case StageMode::Nested: return "nested";
   }
   return "?";
@@ -144,7 +151,7 @@ class ChainRunner {
               detail::ProfileRecorder* recorder = nullptr)
       : stages_(&stages), segments_(std::move(segments)), recorder_(recorder) {}
 
-  /// The stages on x, segment by segment (Recompute and Selective segments are regions).
+  /// The stages on x, segment by segment (every mode but Keep runs as a region).
   Var<B> operator()(const Var<B>& x) const {
     detail::check(x.tape() != nullptr, "ChainRunner: the chain's input must be on a tape (tape.input)");
     Tape<B>& tape = *x.tape();
@@ -165,6 +172,7 @@ class ChainRunner {
       } else {
         CheckpointOptions options;
         if (s.mode == StageMode::Selective) options.policy = policy::save_matmuls();
+        if (s.mode == StageMode::SaveAttention) options.policy = policy::save_attention();
         h = checkpoint(tape, options, run, h);
       }
       if (recorder_ != nullptr) {

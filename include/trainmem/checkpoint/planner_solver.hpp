@@ -2,8 +2,8 @@
 // budget: a cost model over the measured profile and an exact dynamic program over it.
 //
 // NOTE [The chain's memory model]
-// A schedule splits the chain into segments: a Keep stage, or a region (Recompute or
-// Selective) over stages [j, j'). Forward leaves `kept` bytes per segment; backward
+// A schedule splits the chain into segments: a Keep stage, or a region (Recompute,
+// Selective or SaveAttention) over stages [j, j'). Forward leaves `kept` bytes per segment; backward
 // visits segments last to first, and when it starts segment q the live bytes are
 //     start + (kept of segments 0..q) + backward_rest + G(end of q),
 // G(j) being what backward of stages j.. leaves behind (their gradients), taken from
@@ -14,7 +14,7 @@
 // of the step is the largest of these levels, of the forward levels, of the loss and
 // of the part outside the chain (optimizer). Time is the sum of measured stage times.
 //
-// Selective regions are one stage long (see solve_once).
+// Selective and SaveAttention regions are one stage long (see solve_once).
 //
 // NOTE [Nested segments]
 // A Nested segment is a full-recompute region whose inner stages (all but the last) are
@@ -81,14 +81,14 @@ inline int profiled(StageMode m) { return m == StageMode::Nested ? 1 : static_ca
 inline int inner_mode(StageMode m) { return m == StageMode::Nested ? 1 : 0; }
 
 /// Time an inner stage k of a region of mode m adds in backward: its recompute (Recompute: its
-/// forward; Selective: the cheap ops, as the one-stage selective region measured; Nested: its
-/// forward as a one-stage region) and its backward.
+/// forward; a selective mode: what its policy recomputes, as the one-stage region measured;
+/// Nested: its forward as a one-stage region) and its backward.
 inline double inner_backward_ms(const ChainProfile& p, std::int64_t k, StageMode m) {
   const StageCosts& s = p.stages[at(k)];
   switch (m) {
     case StageMode::Recompute: return s.fwd_ms[0] + s.bwd_ms[0];
     case StageMode::Nested: return s.fwd_ms[1] + s.bwd_ms[1];
-    default: return std::max(0.0, s.bwd_ms[2] - s.bwd_ms[0]) + s.bwd_ms[0];
+    default: return std::max(0.0, s.bwd_ms[profiled(m)] - s.bwd_ms[0]) + s.bwd_ms[0];
   }
 }
 
@@ -200,7 +200,7 @@ inline PlanPrediction predict(const ChainProfile& p, const std::vector<Segment>&
 struct SolverOptions {
   std::int64_t buckets = 2000;  // memory resolution: the budget's range in this many steps
   double work_limit = 1.25e8;   // at most segments × S bucket updates (see resolution())
-  bool allow_selective = true;
+  bool allow_selective = true;  // Selective and SaveAttention
   bool allow_nested = true;
 };
 
@@ -267,8 +267,9 @@ inline PlanSolution solve_once(const ChainProfile& p, int c, std::int64_t budget
   const std::vector<std::int64_t> g = leftover_suffix(p, c);
   constexpr float kInf = std::numeric_limits<float>::infinity();
   std::vector<float> best(at((n + 1) * width), kInf);
-  // (j * 4 + mode) of the step into each state; the state it came from is the bucket minus
-  // that segment's shift, recomputed when the schedule is read back.
+  // (j * kModeCodes + mode) of the step into each state; the state it came from is the
+  // bucket minus that segment's shift, recomputed when the schedule is read back.
+  constexpr std::int32_t kModeCodes = static_cast<std::int32_t>(StageMode::Nested) + 1;
   std::vector<std::int32_t> from(at((n + 1) * width), -1);
   std::vector<std::int64_t> lo(at(n + 1), width), hi(at(n + 1), -1);
   best[0] = 0.0;
@@ -294,7 +295,7 @@ inline PlanSolution solve_once(const ChainProfile& p, int c, std::int64_t budget
     const float* __restrict src = &best[at(j * width)];
     float* __restrict dst = &best[at(j2 * width + shift)];
     std::int32_t* __restrict into = &from[at(j2 * width + shift)];
-    const auto code = static_cast<std::int32_t>(j * 4 + mode);
+    const auto code = static_cast<std::int32_t>(j * kModeCodes + mode);
 #pragma omp simd
     for (std::int64_t a = first; a <= last; ++a) {
       const float v = src[a] + static_cast<float>(cost.ms);
@@ -313,7 +314,7 @@ inline PlanSolution solve_once(const ChainProfile& p, int c, std::int64_t budget
     relax(j, j + 1, 0, SegmentCost{sj.kept[0][c], sj.fwd_peak[0][c], sj.bwd_peak[0][c], sj.fwd_ms[0] + sj.bwd_ms[0]});
     for (int mode = 1; mode <= static_cast<int>(StageMode::Nested); ++mode) {
       const auto sm = static_cast<StageMode>(mode);
-      if ((sm == StageMode::Selective && !o.allow_selective) || (sm == StageMode::Nested && !o.allow_nested)) continue;
+      if ((is_selective(sm) && !o.allow_selective) || (sm == StageMode::Nested && !o.allow_nested)) continue;
       const int m = profiled(sm), q = inner_mode(sm);  // the region's stage costs; its inner stages'
       const std::vector<std::int64_t>& pe = pes[at(q)];
       std::int64_t inner = 0;           // region-kept bytes of stages j..j2-1 minus their outputs
@@ -325,7 +326,7 @@ inline PlanSolution solve_once(const ChainProfile& p, int c, std::int64_t budget
       // Selective regions span one stage: a longer one also keeps each inner stage's
       // last matmul output (the next stage's recompute needs it), which the one-stage
       // profile cannot see; with a residual add after that matmul it saves nothing anyway.
-      const std::int64_t last_end = mode == 2 ? j + 1 : std::min(n, j + resolved.max_length);
+      const std::int64_t last_end = is_selective(sm) ? j + 1 : std::min(n, j + resolved.max_length);
       for (std::int64_t j2 = j + 1; j2 <= last_end; ++j2) {
         const std::int64_t k = j2 - 1;  // the region's last stage
         const StageCosts& st = p.stages[at(k)];
@@ -367,7 +368,7 @@ inline PlanSolution solve_once(const ChainProfile& p, int c, std::int64_t budget
   std::int64_t j2 = n, a2 = best_a;
   while (j2 > 0) {
     const std::int32_t f = from[at(j2 * width + a2)];
-    const Segment segment{f / 4, j2, static_cast<StageMode>(f % 4)};
+    const Segment segment{f / kModeCodes, j2, static_cast<StageMode>(f % kModeCodes)};
     s.segments.push_back(segment);
     a2 -= shift_of(segment_cost(p, c, segment).kept);
     j2 = segment.begin;

@@ -59,6 +59,20 @@ inline Policy save_matmuls() {
   return [](const OpSummary& s) { return s.op.kind == OpKind::Matmul ? kMustSave : kPreferRecompute; };
 }
 
+/// Keep the outputs of the ops named in `names` (OpIdentity::name, e.g. "linear"),
+/// recompute the rest: PyTorch's selective checkpointing by a list of ops to save.
+inline Policy save_ops(std::vector<std::string> names) {
+  return [names = std::move(names)](const OpSummary& s) {
+    for (const auto& n : names)
+      if (s.op.name == n) return kMustSave;
+    return kPreferRecompute;
+  };
+}
+
+/// Keep only what fused attention returns (its output and log-sum-exp: little memory for
+/// much compute) and recompute every projection, norm and MLP around it.
+inline Policy save_attention() { return save_ops({"scaled_dot_product_attention"}); }
+
 /// Keep the tensors named with checkpoint_name(x, name) for a name in `names`.
 inline Policy save_names(std::vector<std::string> names) {
   return [names = std::move(names)](const OpSummary& s) {
