@@ -218,6 +218,24 @@ TEST_CASE(
     CHECK(std::abs(static_cast<double>(predicted.peak[c] - m.peak[c])) <= 0.02 * static_cast<double>(m.peak[c]));
 }
 
+TEST_CASE("without attention a SaveAttention region is a Recompute one: same costs, and no plan names it",
+          "[checkpoint][planner]") {
+  examples::ResidualMlpChain<B> chain(8, 16, 64, 32);
+  Planner<B> planner(chain.stages, [&chain](const ChainRunner<B>& run) { chain.step(run); }, {1, {}});
+  const auto attention = static_cast<std::size_t>(StageMode::SaveAttention);
+  const auto recompute = static_cast<std::size_t>(StageMode::Recompute);
+  for (const StageCosts& s : planner.profile().stages) {
+    CHECK(s.kept[attention] == s.kept[recompute]);
+    CHECK(s.bwd_ms[attention] == s.bwd_ms[recompute]);
+    CHECK(s.bwd_peak[attention] == s.bwd_peak[recompute]);
+  }
+  const std::int64_t plain = planner.profile().plain_peak[1];
+  for (std::int64_t budget : {plain / 2, plain / 4, planner.smallest_budget(MemChannel::Saved)}) {
+    const CheckpointPlan<B> plan = planner.plan(Budget::saved_activations(budget));
+    for (const Segment& s : plan.segments()) CHECK(s.mode != StageMode::SaveAttention);
+  }
+}
+
 TEST_CASE("a Nested segment's predicted peak and kept bytes are the measured ones (2%), below a Recompute one's",
           "[checkpoint][planner]") {
   examples::TransformerStack<B> stack(8, 32, 4, 64, 64, 8, 32);

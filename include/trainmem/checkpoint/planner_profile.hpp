@@ -293,6 +293,19 @@ ChainProfile profile_chain(const std::vector<Layer<B>>& stages, const ChainStep<
       s.output_bytes = output_bytes[static_cast<std::size_t>(k)];
     }
   }
+  // A stage without fused attention keeps under save_attention just what it keeps under
+  // recompute_all: it is that mode there, so it takes Recompute's costs, and the solver
+  // (which keeps the lower mode on a tie) never names it for such a stage.
+  const auto save_attention = static_cast<std::size_t>(StageMode::SaveAttention);
+  const auto recompute = static_cast<std::size_t>(StageMode::Recompute);
+  for (StageCosts& s : p.stages) {
+    if (s.kept[save_attention] != s.kept[recompute]) continue;
+    s.fwd_ms[save_attention] = s.fwd_ms[recompute];
+    s.bwd_ms[save_attention] = s.bwd_ms[recompute];
+    s.fwd_peak[save_attention] = s.fwd_peak[recompute];
+    s.bwd_peak[save_attention] = s.bwd_peak[recompute];
+    s.bwd_change[save_attention] = s.bwd_change[recompute];
+  }
   // A plain stage that keeps its own output (ReLU) tags the next stage's input as saved;
   // a region after it would count that tensor again, a plain stage after a region would
   // not count it at all. So the saved channel books that tensor to the next stage, as
