@@ -6,8 +6,8 @@
 // Budgets are fractions (0.5, 0.25, 0.1) of the plain step's peak saved-activation bytes,
 // plus the smallest budget any schedule meets. Hand schedules, over the stages: none,
 // every stage ("every_block"), every-k (each k), sqrt N, selective (save_matmuls per
-// stage), selective + every-k, and save_attention per stage (policy::save_attention:
-// keeps fused attention's outputs only). Every schedule
+// stage), selective + every-k, and for the transformers save_attention per stage
+// (policy::save_attention: keeps fused attention's outputs only). Every schedule
 // and every plan runs round-robin `reps` times in the same run (median step time; ratios
 // to "none" from that run); a row per (budget, schedule) says whether its measured peak
 // saved bytes fit the budget. The planner also reports its predicted peak and its solve
@@ -102,7 +102,7 @@ double added_ms_lower_bound(const tmem::ChainProfile& p, std::int64_t budget) {
   return added;
 }
 
-std::vector<std::pair<std::string, Segments>> hand_schedules(std::int64_t n) {
+std::vector<std::pair<std::string, Segments>> hand_schedules(std::int64_t n, bool with_attention) {
   using M = tmem::StageMode;
   std::vector<std::pair<std::string, Segments>> out;
   out.push_back({"none", {{0, n, M::Keep}}});
@@ -119,7 +119,7 @@ std::vector<std::pair<std::string, Segments>> hand_schedules(std::int64_t n) {
   out.push_back({"selective", selective});
   for (std::int64_t k = 2; k <= 8 && k <= n / 2; k *= 2)
     out.push_back({"selective_every_" + std::to_string(k), sequential(n, n / k, M::Selective)});
-  out.push_back({"save_attention", attention});
+  if (with_attention) out.push_back({"save_attention", attention});  // elsewhere it is every_block
   return out;
 }
 
@@ -214,7 +214,8 @@ void run_model(const std::string& name, const Model& model, const Config& c, nlo
     double solve_ms = 0.0;
   };
   std::vector<Entry> entries;
-  for (auto& [schedule, segments] : hand_schedules(n)) {
+  const bool with_attention = profile.stages[1].kept[3][1] != profile.stages[1].kept[1][1];
+  for (auto& [schedule, segments] : hand_schedules(n, with_attention)) {
     const tmem::PlanPrediction p = tmem::predict(profile, segments);
     entries.push_back({schedule, segments, p.peak[1], p.peak[0], {}, {}, -1, 0.0});
   }
