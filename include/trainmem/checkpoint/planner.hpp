@@ -144,7 +144,7 @@ struct PlannerOptions {
 template <class B>
 class Planner {
  public:
-  /// Profiles `step` (3 modes x options.profile_reps real training steps, plus a warm-up).
+  /// Profiles `step` (kStageModes modes x options.profile_reps real training steps, plus a warm-up).
   /// `stages` must outlive the planner and its plans.
   Planner(const std::vector<Layer<B>>& stages, ChainStep<B> step, PlannerOptions options = {},
           B& backend = B::default_instance())
