@@ -81,6 +81,38 @@ __device__ __forceinline__ void zero(Acc* values, int count) {
   for (int e = static_cast<int>(threadIdx.x); e < count; e += static_cast<int>(blockDim.x)) values[e] = Acc(0);
 }
 
+/// Backward's scores of one query tile (rows from i0, q and dO in qs and dos, their
+/// log-sum-exp in row_lse) against one key tile (keys from j0, in ks and vs): P =
+/// exp(scale q k^T - lse), 0 where the mask hides the key, into ps, and dP = dO v^T into dps.
+template <class Acc>
+__device__ __forceinline__ void probabilities_and_gradient(const AttentionSizes& s, const Acc* qs, const Acc* dos,
+                                                           const Acc* ks, const Acc* vs, const Acc* row_lse,
+                                                           std::int64_t i0, int rows, std::int64_t j0, int keys,
+                                                           Acc* ps, Acc* dps) {
+  constexpr int B = kAttentionTile<Acc>;
+  const int d = static_cast<int>(s.d), ld = d + 1, lds = B + 1;
+  const Acc scale = static_cast<Acc>(s.scale);
+  block_product<Acc>(
+      B, B, d, [&](int m, int c) { return qs[m * ld + c]; }, [&](int c, int n) { return ks[n * ld + c]; },
+      [&](int m, int n, Acc x) {
+        const bool seen = m < rows && n < keys && j0 + n < s.visible(i0 + m);
+        ps[m * lds + n] = seen ? math::exp(scale * x - row_lse[m]) : Acc(0);
+      });
+  block_product<Acc>(
+      B, B, d, [&](int m, int c) { return dos[m * ld + c]; }, [&](int c, int n) { return vs[n * ld + c]; },
+      [&](int m, int n, Acc x) { dps[m * lds + n] = x; });
+}
+/// dS = scale P (dP - delta) of a tile, in place of dP.
+template <class Acc>
+__device__ __forceinline__ void score_gradient(const AttentionSizes& s, const Acc* ps, Acc* dps, const Acc* row_delta) {
+  constexpr int B = kAttentionTile<Acc>, lds = B + 1;
+  const Acc scale = static_cast<Acc>(s.scale);
+  for (int e = static_cast<int>(threadIdx.x); e < B * B; e += static_cast<int>(blockDim.x)) {
+    const int m = e / B, n = e % B;
+    dps[m * lds + n] = scale * ps[m * lds + n] * (dps[m * lds + n] - row_delta[m]);
+  }
+}
+
 /// Keys the last of `rows` query rows from `first` sees: the end of a query tile's key walk.
 __device__ __forceinline__ std::int64_t keys_seen(const AttentionSizes& s, std::int64_t first, int rows) {
   const std::int64_t last = s.visible(first + rows - 1);
@@ -162,7 +194,6 @@ __global__ void attention_rows_backward_kernel(const T* q, const T* k, const T* 
   Acc *dps = ps + B * lds, *row_lse = dps + B * lds, *row_delta = row_lse + B;
   const std::int64_t tiles = (s.tq + B - 1) / B, slice = blockIdx.x / tiles, i0 = blockIdx.x % tiles * B;
   const int rows = static_cast<int>(s.tq - i0 < B ? s.tq - i0 : B);
-  const Acc scale = static_cast<Acc>(s.scale);
   load_tile(qs, q + (slice * s.tq + i0) * s.d, rows, B, d, ld);
   load_tile(dos, dout + (slice * s.tq + i0) * s.d, rows, B, d, ld);
   zero(dqs, B * ld);
@@ -177,15 +208,7 @@ __global__ void attention_rows_backward_kernel(const T* q, const T* k, const T* 
     load_tile(ks, k + (slice * s.tk + j0) * s.d, keys, B, d, ld);
     load_tile(vs, v + (slice * s.tk + j0) * s.d, keys, B, d, ld);
     __syncthreads();
-    block_product<Acc>(
-        B, B, d, [&](int m, int c) { return qs[m * ld + c]; }, [&](int c, int n) { return ks[n * ld + c]; },
-        [&](int m, int n, Acc x) {
-          const bool seen = m < rows && n < keys && j0 + n < s.visible(i0 + m);
-          ps[m * lds + n] = seen ? math::exp(scale * x - row_lse[m]) : Acc(0);
-        });
-    block_product<Acc>(
-        B, B, d, [&](int m, int c) { return dos[m * ld + c]; }, [&](int c, int n) { return vs[n * ld + c]; },
-        [&](int m, int n, Acc x) { dps[m * lds + n] = x; });
+    probabilities_and_gradient(s, qs, dos, ks, vs, row_lse, i0, rows, j0, keys, ps, dps);
     __syncthreads();
   };
   for (std::int64_t j0 = 0; j0 < key_end; j0 += B) {
@@ -198,10 +221,7 @@ __global__ void attention_rows_backward_kernel(const T* q, const T* k, const T* 
   }
   for (std::int64_t j0 = 0; j0 < key_end; j0 += B) {
     probabilities_and_their_gradient(j0, static_cast<int>(s.tk - j0 < B ? s.tk - j0 : B));
-    for (int e = static_cast<int>(threadIdx.x); e < B * B; e += static_cast<int>(blockDim.x)) {
-      const int m = e / B, n = e % B;
-      dps[m * lds + n] = scale * ps[m * lds + n] * (dps[m * lds + n] - row_delta[m]);  // dS
-    }
+    score_gradient(s, ps, dps, row_delta);
     __syncthreads();
     block_product<Acc>(
         B, d, B, [&](int m, int n) { return dps[m * lds + n]; }, [&](int n, int c) { return ks[n * ld + c]; },
@@ -228,7 +248,6 @@ __global__ void attention_keys_backward_kernel(const T* q, const T* k, const T* 
   Acc *ps = dos + B * ld, *dps = ps + B * lds, *row_lse = dps + B * lds, *row_delta = row_lse + B;
   const std::int64_t tiles = (s.tk + B - 1) / B, slice = blockIdx.x / tiles, j0 = blockIdx.x % tiles * B;
   const int keys = static_cast<int>(s.tk - j0 < B ? s.tk - j0 : B);
-  const Acc scale = static_cast<Acc>(s.scale);
   load_tile(ks, k + (slice * s.tk + j0) * s.d, keys, B, d, ld);
   load_tile(vs, v + (slice * s.tk + j0) * s.d, keys, B, d, ld);
   zero(dks, B * ld);
@@ -246,20 +265,9 @@ __global__ void attention_keys_backward_kernel(const T* q, const T* k, const T* 
       row_delta[r] = r < rows ? delta[slice * s.tq + i0 + r] : Acc(0);
     }
     __syncthreads();
-    block_product<Acc>(
-        B, B, d, [&](int m, int c) { return qs[m * ld + c]; }, [&](int c, int n) { return ks[n * ld + c]; },
-        [&](int m, int n, Acc x) {
-          const bool seen = m < rows && n < keys && j0 + n < s.visible(i0 + m);
-          ps[m * lds + n] = seen ? math::exp(scale * x - row_lse[m]) : Acc(0);
-        });
-    block_product<Acc>(
-        B, B, d, [&](int m, int c) { return dos[m * ld + c]; }, [&](int c, int n) { return vs[n * ld + c]; },
-        [&](int m, int n, Acc x) { dps[m * lds + n] = x; });
+    probabilities_and_gradient(s, qs, dos, ks, vs, row_lse, i0, rows, j0, keys, ps, dps);
     __syncthreads();
-    for (int e = static_cast<int>(threadIdx.x); e < B * B; e += static_cast<int>(blockDim.x)) {
-      const int m = e / B, n = e % B;
-      dps[m * lds + n] = scale * ps[m * lds + n] * (dps[m * lds + n] - row_delta[m]);  // dS
-    }
+    score_gradient(s, ps, dps, row_delta);
     __syncthreads();
     block_product<Acc>(
         B, d, B, [&](int n, int m) { return ps[m * lds + n]; }, [&](int m, int c) { return dos[m * ld + c]; },
