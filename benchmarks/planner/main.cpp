@@ -214,7 +214,11 @@ void run_model(const std::string& name, const Model& model, const Config& c, nlo
     double solve_ms = 0.0;
   };
   std::vector<Entry> entries;
-  const bool with_attention = profile.stages[1].kept[3][1] != profile.stages[1].kept[1][1];
+  const auto attention = static_cast<std::size_t>(tmem::StageMode::SaveAttention);
+  const auto recompute = static_cast<std::size_t>(tmem::StageMode::Recompute);
+  const bool with_attention =
+      std::any_of(profile.stages.begin(), profile.stages.end(),
+                  [&](const tmem::StageCosts& st) { return st.kept[attention] != st.kept[recompute]; });
   for (auto& [schedule, segments] : hand_schedules(n, with_attention)) {
     const tmem::PlanPrediction p = tmem::predict(profile, segments);
     entries.push_back({schedule, segments, p.peak[1], p.peak[0], {}, {}, -1, 0.0});
