@@ -248,8 +248,9 @@ std::vector<ProfileRecorder::Mark> profiled_step(const std::vector<Layer<B>>& st
 
 /// Profiles `stages` through `step`: one unmeasured warm-up step (allocates what every
 /// later step finds: optimizer state, casts), then `reps` rounds of one step per mode,
-/// round-robin; a time is the least over the rounds (other work on the machine only
-/// ever adds to it), bytes come from the last round (they are exact and repeat). Each
+/// round-robin; a time is the median over the rounds (a plan is judged by its median
+/// step, and the least of a few rounds understates a stage by however lucky its
+/// quietest round was), bytes come from the last round (they are exact and repeat). Each
 /// profiled step is a real training step.
 template <class B>
 ChainProfile profile_chain(const std::vector<Layer<B>>& stages, const ChainStep<B>& step, MemoryStats& stats,
@@ -270,10 +271,12 @@ ChainProfile profile_chain(const std::vector<Layer<B>>& stages, const ChainStep<
   // Mark indices: 0 step start, 1 chain start, 2+k after stage k, n+2 backward call,
   // n+3+(n-1-k) stage k's output gradient ready, 2n+3 backward return, 2n+4 step end.
   const auto bwd_index = [n](std::int64_t k) { return static_cast<std::size_t>(n + 3 + (n - 1 - k)); };
-  const auto span_ms = [&](int m, std::size_t a, std::size_t b) {  // the least over the rounds
-    double least = std::numeric_limits<double>::infinity();
-    for (const auto& marks : runs[m]) least = std::min(least, marks[b].ms - marks[a].ms);
-    return least;
+  const auto span_ms = [&](int m, std::size_t a, std::size_t b) {  // the median over the rounds
+    std::vector<double> v;
+    for (const auto& marks : runs[m]) v.push_back(marks[b].ms - marks[a].ms);
+    std::sort(v.begin(), v.end());
+    const std::size_t h = v.size() / 2;
+    return v.size() % 2 == 1 ? v[h] : 0.5 * (v[h - 1] + v[h]);
   };
   ChainProfile p;
   p.stages.resize(static_cast<std::size_t>(n));
