@@ -21,10 +21,12 @@ namespace {
 
 /// A chain profile with random integer costs (bytes small enough that the solver works in
 /// whole bytes, so it must be exact).
-ChainProfile random_profile(std::int64_t n, std::mt19937_64& rng) {
+ChainProfile random_profile(std::int64_t n, std::mt19937_64& rng, bool with_offload) {
   std::uniform_int_distribution<std::int64_t> small(0, 12), mid(0, 40);
   std::uniform_real_distribution<double> ms(0.5, 10.0);
   ChainProfile p;
+  p.measured.fill(true);
+  p.measured[static_cast<std::size_t>(StageMode::Offload)] = with_offload;
   p.stages.resize(static_cast<std::size_t>(n));
   for (auto& s : p.stages) {
     s.output_bytes = 1 + small(rng);
@@ -51,29 +53,28 @@ ChainProfile random_profile(std::int64_t n, std::mt19937_64& rng) {
   return p;
 }
 
-/// Every schedule of stages [0, n): Keep, Selective or SaveAttention per stage, a Recompute
-/// region of any length, or a Nested region of two stages or more.
-void enumerate(std::int64_t begin, std::int64_t n, std::vector<Segment>& prefix,
+/// Every schedule of stages [0, n): Keep, Selective, SaveAttention or (with_offload)
+/// Offload per stage, a Recompute region of any length, or a Nested region of two stages
+/// or more.
+void enumerate(std::int64_t begin, std::int64_t n, bool with_offload, std::vector<Segment>& prefix,
                const std::function<void(const std::vector<Segment>&)>& visit) {
   if (begin == n) {
     visit(prefix);
     return;
   }
-  prefix.push_back({begin, begin + 1, StageMode::Keep});
-  enumerate(begin + 1, n, prefix, visit);
-  prefix.pop_back();
-  for (const StageMode selective : {StageMode::Selective, StageMode::SaveAttention}) {
-    prefix.push_back({begin, begin + 1, selective});
-    enumerate(begin + 1, n, prefix, visit);
+  for (const StageMode one : {StageMode::Keep, StageMode::Selective, StageMode::SaveAttention, StageMode::Offload}) {
+    if (one == StageMode::Offload && !with_offload) continue;
+    prefix.push_back({begin, begin + 1, one});
+    enumerate(begin + 1, n, with_offload, prefix, visit);
     prefix.pop_back();
   }
   for (std::int64_t end = begin + 1; end <= n; ++end) {
     prefix.push_back({begin, end, StageMode::Recompute});
-    enumerate(end, n, prefix, visit);
+    enumerate(end, n, with_offload, prefix, visit);
     prefix.pop_back();
     if (end - begin < 2) continue;
     prefix.push_back({begin, end, StageMode::Nested});
-    enumerate(end, n, prefix, visit);
+    enumerate(end, n, with_offload, prefix, visit);
     prefix.pop_back();
   }
 }
@@ -125,12 +126,15 @@ TEST_CASE("the planner's dynamic program finds the optimum of all schedules (ran
   std::mt19937_64 rng(20261201);
   for (std::int64_t n = 1; n <= 9; ++n) {
     for (int trial = 0; trial < (n <= 6 ? 4 : 1); ++trial) {
-      const ChainProfile p = random_profile(n, rng);
+      // Offload in every other chain (a backend with host memory to offload to), n = 9 without
+      // it (the enumeration's size); without it, no plan may name it.
+      const bool with_offload = (n + trial) % 2 == 0;
+      const ChainProfile p = random_profile(n, rng, with_offload);
       for (int c = 0; c < kMemChannels; ++c) {
         // All schedules' predictions, once.
         std::vector<PlanPrediction> all;
         std::vector<Segment> prefix;
-        enumerate(0, n, prefix, [&](const std::vector<Segment>& s) { all.push_back(predict(p, s)); });
+        enumerate(0, n, with_offload, prefix, [&](const std::vector<Segment>& s) { all.push_back(predict(p, s)); });
         std::int64_t least = std::numeric_limits<std::int64_t>::max(), most = 0;
         for (const auto& a : all) least = std::min(least, a.peak[c]), most = std::max(most, a.peak[c]);
         CHECK(smallest_budget(p, static_cast<MemChannel>(c), exact_solver()) == least);
@@ -144,6 +148,8 @@ TEST_CASE("the planner's dynamic program finds the optimum of all schedules (ran
           if (!s.feasible) continue;
           CHECK(s.prediction.peak[c] <= budget);
           CHECK(s.prediction.ms == Approx(best).epsilon(1e-12));
+          if (!with_offload)
+            for (const Segment& segment : s.segments) CHECK(segment.mode != StageMode::Offload);
         }
       }
     }
@@ -279,4 +285,29 @@ TEST_CASE("predicted peaks are within 2% of the measured ones: transformer stack
     examples::TransformerStack<B> stack(8, 32, 4, 64, 64, 8, 32, 7, true);
     check_predictions(stack);
   }
+}
+
+TEST_CASE("on the CPU Offload is never measured nor planned; an Offload region keeps as plain stages do",
+          "[checkpoint][planner]") {
+  examples::ResidualMlpChain<B> chain(8, 16, 64, 32);
+  Planner<B> planner(chain.stages, [&chain](const ChainRunner<B>& run) { chain.step(run); }, {1, {}});
+  const ChainProfile& p = planner.profile();
+  CHECK_FALSE(p.measured[static_cast<std::size_t>(StageMode::Offload)]);
+  CHECK(p.measured[static_cast<std::size_t>(StageMode::SaveAttention)]);
+  const std::int64_t plain = p.plain_peak[1];
+  for (std::int64_t budget : {plain / 2, plain / 4, planner.smallest_budget(MemChannel::Saved)}) {
+    const CheckpointPlan<B> plan = planner.plan(Budget::saved_activations(budget));
+    for (const Segment& s : plan.segments()) CHECK(s.mode != StageMode::Offload);
+  }
+  const auto n = static_cast<std::int64_t>(chain.stages.size());
+  const std::vector<Segment> offloaded = {{0, 1, StageMode::Keep}, {1, 2, StageMode::Offload}, {2, n, StageMode::Keep}};
+  REQUIRE_THROWS_WITH(predict(p, offloaded), Catch::Contains("no offload measurement"));
+  // Run anyway, the region's policy asks to offload everything; with nowhere to offload
+  // to it keeps everything instead: the plain step's saved bytes and gradients.
+  const auto reference = gradients(chain, ChainRunner<B>(chain.stages, {{0, n, StageMode::Keep}}));
+  CHECK(gradients(chain, ChainRunner<B>(chain.stages, offloaded)) == reference);
+  const StepMeasurement kept = planner.measure({{0, n, StageMode::Keep}});
+  const StepMeasurement offload = planner.measure(offloaded);
+  CHECK(offload.peak[1] >= kept.peak[1]);  // the region also keeps its input
+  CHECK(offload.peak[1] <= kept.peak[1] + p.stages[0].output_bytes);
 }

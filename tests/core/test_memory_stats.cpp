@@ -38,6 +38,30 @@ TEST_CASE("PeakWindow: peaks since it opened, per category and in total", "[core
   CHECK(m.peak_total() == 1500);
 }
 
+TEST_CASE("MemoryStats: the device count is every category but HostOffload", "[core][memory]") {
+  MemoryStats m;
+  m.on_allocate(MemCategory::Parameter, 100);
+  m.on_allocate(MemCategory::Temporary, 400);
+  m.on_retag(MemCategory::Temporary, MemCategory::SavedActivation, 400);
+  m.reset_peak();
+  // An offload: the host copy appears, then the device copy is freed.
+  m.on_allocate(MemCategory::HostOffload, 400);
+  m.on_free(MemCategory::SavedActivation, 400);
+  CHECK(m.live_total() == 500);
+  CHECK(m.live_device() == 100);
+  CHECK(m.peak_total() == 900);   // both copies at once
+  CHECK(m.peak_device() == 500);  // the device held the activation until its copy was made
+  {
+    const PeakWindow window(m);
+    m.on_allocate(MemCategory::SavedActivation, 400);  // the fetch back
+    m.on_free(MemCategory::HostOffload, 400);
+    CHECK(window.peaks().device == 500);
+    CHECK(window.peaks().total == 900);
+  }
+  CHECK(m.peak_device() == 500);
+  CHECK(m.live_device() == m.live_total());
+}
+
 TEST_CASE("PeakWindow: windows nest, the outer one sees the inner one's high point", "[core][memory]") {
   MemoryStats m;
   m.on_allocate(MemCategory::Parameter, 100);
@@ -65,8 +89,9 @@ TEST_CASE("PeakWindow: a backend's tensors, one window per step, merged over ste
   B backend;
   const Tensor<B> weight = Tensor<B>::zeros(Shape{8, 4}, DType::F32, MemCategory::Parameter, backend);  // 128 B
   PeakBytes over_steps;
-  const PeakBytes first_expected{{128, 16 * 4 * 2, 0, 0, 0, 16 * 8 * 4, 0, 0}, 128 + 16 * 8 * 4 + 16 * 4 * 2};
-  const PeakBytes second_expected{{128, 2 * 4 * 2, 0, 0, 0, 2 * 8 * 4, 0, 0}, 128 + 2 * 8 * 4 + 2 * 4 * 2};
+  constexpr std::int64_t first_total = 128 + 16 * 8 * 4 + 16 * 4 * 2, second_total = 128 + 2 * 8 * 4 + 2 * 4 * 2;
+  const PeakBytes first_expected{{128, 16 * 4 * 2, 0, 0, 0, 16 * 8 * 4, 0, 0}, first_total, first_total};
+  const PeakBytes second_expected{{128, 2 * 4 * 2, 0, 0, 0, 2 * 8 * 4, 0, 0}, second_total, second_total};
   for (std::int64_t rows : {16, 2}) {
     const PeakWindow window(backend.memory());
     {

@@ -13,8 +13,10 @@
 // within the budget; a budget no schedule meets is a trainmem::Error naming the smallest
 // one that is, and how much of it is model state. Budgets name the whole step's peak
 // (parameters, gradients, masters and optimizer state are measured and fixed; only the
-// activations move) or the saved activations' peak alone. The CPU has nowhere to
-// offload to, so offload is never a choice here.
+// activations move) or the saved activations' peak alone. Where the backend can offload
+// to pinned host memory (CUDA), offloading a stage is one more choice, taken where its
+// measured time, transfers included, beats recomputing; the CPU has nowhere to offload
+// to, so there it is never one.
 #pragma once
 
 #include <chrono>
@@ -29,7 +31,7 @@
 
 namespace trainmem {
 
-/// \brief A byte budget: the whole step's peak, or the peak of saved activations.
+/// \brief A byte budget: the whole step's peak on the device, or the peak of saved activations.
 struct Budget {
   MemChannel channel = MemChannel::Total;
   std::int64_t bytes = 0;
@@ -144,7 +146,7 @@ struct PlannerOptions {
 template <class B>
 class Planner {
  public:
-  /// Profiles `step` (kStageModes modes x options.profile_reps real training steps, plus a warm-up).
+  /// Profiles `step` (each mode the backend has x options.profile_reps real training steps, plus a warm-up).
   /// `stages` must outlive the planner and its plans.
   Planner(const std::vector<Layer<B>>& stages, ChainStep<B> step, PlannerOptions options = {},
           B& backend = B::default_instance())
@@ -152,7 +154,7 @@ class Planner {
         step_(std::move(step)),
         options_(options),
         backend_(&backend),
-        profile_(profile_chain(stages, step_, backend.memory(), options.profile_reps)) {}
+        profile_(profile_chain(stages, step_, backend, options.profile_reps)) {}
 
   const ChainProfile& profile() const { return profile_; }
 
@@ -179,12 +181,14 @@ class Planner {
   /// Runs one step under `segments` and measures its peaks and time.
   StepMeasurement measure(const std::vector<Segment>& segments) const {
     MemoryStats& stats = backend_->memory();
+    backend_->synchronize();
     stats.reset_peak();
     const auto start = std::chrono::steady_clock::now();
     step_(ChainRunner<B>(*stages_, segments));
+    backend_->synchronize();  // the step's queued work is part of its time
     StepMeasurement m;
     m.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-    m.peak = {stats.peak_total(), stats.peak(MemCategory::SavedActivation)};
+    m.peak = {stats.peak_device(), stats.peak(MemCategory::SavedActivation)};
     return m;
   }
   StepMeasurement measure(const CheckpointPlan<B>& plan) const { return measure(plan.segments()); }

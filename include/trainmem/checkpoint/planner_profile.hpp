@@ -6,11 +6,14 @@
 // when the gradients of later stages appear), so stages are not profiled one by one in
 // isolation: the user's own step runs whole, once with every stage plain (Keep), once
 // with every stage its own full-recompute region (Recompute), once with every stage its
-// own save_matmuls region (Selective) and once with every stage its own save_attention
-// region (SaveAttention). A ChainRunner marks MemoryStats (live and
-// window peak of the total and of saved activations) and the clock between stages in
-// forward, and a probe op after each stage does the same in backward (its backward is
-// the identity and fires when the stage's output gradient is ready). Each stage thus
+// own save_matmuls region (Selective), once with every stage its own save_attention
+// region (SaveAttention) and, on a backend with somewhere to offload to, once with every
+// stage its own offload_all region (Offload). A ChainRunner marks MemoryStats (live and
+// window peak of the device total and of saved activations) and the clock between stages
+// in forward, and a probe op after each stage does the same in backward (its backward is
+// the identity and fires when the stage's output gradient is ready); each mark first
+// waits for the backend's queued work (a GPU's kernels and copies), so a window's time
+// is that stage's own, its transfers included. Each stage thus
 // gets, per mode: forward and backward time, the live change over its forward (what it
 // leaves kept), its forward and backward peaks above the live bytes at their starts,
 // and the live change over its backward. Probes run only in profiling; a planned step
@@ -39,16 +42,27 @@ namespace trainmem {
 /// How a segment of the chain runs: plain, as one full-recompute region, as one region
 /// under policy::save_matmuls (keeps matmul outputs, recomputes the rest), as one region
 /// under policy::save_attention (keeps attention's outputs only: between Selective and
-/// Recompute in bytes and time), or as one full-recompute region whose stages but the
-/// last are regions of their own (Nested: its recompute keeps only the inner stages'
-/// inputs, and each inner stage is recomputed once more for its own backward; NOTE
-/// [Nested segments] in planner_solver.hpp).
-enum class StageMode : std::uint8_t { Keep = 0, Recompute = 1, Selective = 2, SaveAttention = 3, Nested = 4 };
+/// Recompute in bytes and time), as one region under policy::offload_all (Offload: every
+/// activation goes to pinned host memory and comes back for backward, nothing is
+/// recomputed; only where the backend has host memory to offload to, HasOffload), or as
+/// one full-recompute region whose stages but the last are regions of their own (Nested:
+/// its recompute keeps only the inner stages' inputs, and each inner stage is recomputed
+/// once more for its own backward; NOTE [Nested segments] in planner_solver.hpp).
+enum class StageMode : std::uint8_t {
+  Keep = 0,
+  Recompute = 1,
+  Selective = 2,
+  SaveAttention = 3,
+  Offload = 4,
+  Nested = 5
+};
 /// Modes a profile measures (Nested's costs follow from Keep's and Recompute's).
-inline constexpr int kStageModes = 4;
+inline constexpr int kStageModes = 5;
 
 /// Whether a mode is a one-stage region under a selective policy (Selective, SaveAttention).
 inline bool is_selective(StageMode m) { return m == StageMode::Selective || m == StageMode::SaveAttention; }
+/// Whether the planner plans a mode over one stage only (the selective modes and Offload).
+inline bool is_one_stage(StageMode m) { return is_selective(m) || m == StageMode::Offload; }
 
 inline const char* name_of(StageMode m) {
   switch (m) {
@@ -56,6 +70,7 @@ inline const char* name_of(StageMode m) {
     case StageMode::Recompute: return "recompute";
     case StageMode::Selective: return "selective";
     case StageMode::SaveAttention: return "save attention";
+    case StageMode::Offload: return "offload";
     case StageMode::Nested: return "nested";
   }
   return "?";
@@ -68,7 +83,8 @@ struct Segment {
   bool operator==(const Segment&) const = default;
 };
 
-/// The two byte counts a budget may name: everything live, or saved activations only.
+/// The two byte counts a budget may name: everything live on the device (pinned host
+/// copies of offloaded activations are not), or saved activations only.
 enum class MemChannel : std::uint8_t { Total = 0, Saved = 1 };
 inline constexpr int kMemChannels = 2;
 
@@ -91,9 +107,10 @@ struct ChainProfile {
   std::array<std::int64_t, kMemChannels> backward_rest{};  // live at the last stage's backward start minus chain end
   std::array<std::int64_t, kMemChannels> outside_peak{};   // absolute: before the chain, after backward (optimizer)
   std::array<std::int64_t, kMemChannels> plain_peak{};     // the plain step's measured peak
-  std::int64_t model_state = 0;  // parameters + gradients + master weights + optimizer state, at most
-  double outside_ms = 0.0;       // time of the step outside the stages
-  double plain_ms = 0.0;         // the plain step's measured time
+  std::array<bool, kStageModes> measured{};  // modes the profile ran (Offload: only where the backend offloads)
+  std::int64_t model_state = 0;              // parameters + gradients + master weights + optimizer state, at most
+  double outside_ms = 0.0;                   // time of the step outside the stages
+  double plain_ms = 0.0;                     // the plain step's measured time
 
   std::int64_t size() const { return static_cast<std::int64_t>(stages.size()); }
 };
@@ -122,16 +139,18 @@ struct ProfileRecorder {
     std::int64_t state_peak;                            // model-state categories' peaks in that window
   };
   MemoryStats* stats = nullptr;
+  std::function<void()> synchronize;  // waits for the backend's queued work
   std::chrono::steady_clock::time_point origin = std::chrono::steady_clock::now();
   std::vector<Mark> marks;
   std::vector<std::int64_t> output_bytes;
   std::vector<bool> output_saved;  // the stage itself keeps its output (e.g. ReLU saves its result)
 
   void mark() {
+    synchronize();
     Mark m;
     m.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - origin).count();
-    m.live = {stats->live_total(), stats->live(MemCategory::SavedActivation)};
-    m.peak = {stats->peak_total(), stats->peak(MemCategory::SavedActivation)};
+    m.live = {stats->live_device(), stats->live(MemCategory::SavedActivation)};
+    m.peak = {stats->peak_device(), stats->peak(MemCategory::SavedActivation)};
     m.state_peak = stats->peak(MemCategory::Parameter) + stats->peak(MemCategory::Gradient) +
                    stats->peak(MemCategory::MasterWeight) + stats->peak(MemCategory::OptimizerState);
     stats->reset_peak();
@@ -173,6 +192,7 @@ class ChainRunner {
         CheckpointOptions options;
         if (s.mode == StageMode::Selective) options.policy = policy::save_matmuls();
         if (s.mode == StageMode::SaveAttention) options.policy = policy::save_attention();
+        if (s.mode == StageMode::Offload) options.policy = policy::offload_all();
         h = checkpoint(tape, options, run, h);
       }
       if (recorder_ != nullptr) {
@@ -221,16 +241,18 @@ namespace detail {
 /// One profiled step in `mode` (every stage its own segment).
 template <class B>
 std::vector<ProfileRecorder::Mark> profiled_step(const std::vector<Layer<B>>& stages, const ChainStep<B>& step,
-                                                 MemoryStats& stats, StageMode mode,
-                                                 std::vector<std::int64_t>& output_bytes,
+                                                 B& backend, StageMode mode, std::vector<std::int64_t>& output_bytes,
                                                  std::vector<bool>& output_saved) {
   std::vector<Segment> segments;
   const auto n = static_cast<std::int64_t>(stages.size());
   for (std::int64_t k = 0; k < n; ++k) segments.push_back({k, k + 1, mode});
+  MemoryStats& stats = backend.memory();
   ProfileRecorder recorder;
   recorder.stats = &stats;
+  recorder.synchronize = [&backend] { backend.synchronize(); };
   recorder.marks.reserve(static_cast<std::size_t>(2 * n + 5));
   ChainRunner<B> runner(stages, segments, &recorder);
+  backend.synchronize();
   stats.reset_peak();
   recorder.mark();
   step(runner);
@@ -247,26 +269,35 @@ std::vector<ProfileRecorder::Mark> profiled_step(const std::vector<Layer<B>>& st
 }  // namespace detail
 
 /// Profiles `stages` through `step`: one unmeasured warm-up step (allocates what every
-/// later step finds: optimizer state, casts), then `reps` rounds of one step per mode,
-/// round-robin; a time is the median over the rounds (a plan is judged by its median
-/// step, and the least of a few rounds understates a stage by however lucky its
-/// quietest round was), bytes come from the last round (they are exact and repeat). Each
-/// profiled step is a real training step.
+/// later step finds: optimizer state, casts, pinned buffers), then `reps` rounds of one
+/// step per mode, round-robin (Offload only where the backend has HasOffload); a time is
+/// the median over the rounds (a plan is judged by its median step, and the least of a
+/// few rounds understates a stage by however lucky its quietest round was), bytes come
+/// from the last round (they are exact and repeat). Each profiled step is a real
+/// training step.
 template <class B>
-ChainProfile profile_chain(const std::vector<Layer<B>>& stages, const ChainStep<B>& step, MemoryStats& stats,
-                           int reps = 3) {
+ChainProfile profile_chain(const std::vector<Layer<B>>& stages, const ChainStep<B>& step, B& backend, int reps = 3) {
   using Mark = detail::ProfileRecorder::Mark;
   const auto n = static_cast<std::int64_t>(stages.size());
   detail::check(n > 0, "profile_chain: no stages");
   detail::check(reps >= 1, "profile_chain: reps must be >= 1, got ", reps);
   step(ChainRunner<B>(stages, {{0, n, StageMode::Keep}}));  // warm-up
+  if constexpr (HasOffload<B>) {  // and the pinned buffers an Offload step takes from its cache
+    std::vector<Segment> offloaded;
+    for (std::int64_t k = 0; k < n; ++k) offloaded.push_back({k, k + 1, StageMode::Offload});
+    step(ChainRunner<B>(stages, offloaded));
+  }
+  std::array<bool, kStageModes> measured{};
+  measured.fill(true);
+  measured[static_cast<std::size_t>(StageMode::Offload)] = HasOffload<B>;
   std::array<std::vector<std::vector<Mark>>, kStageModes> runs;
   std::vector<std::int64_t> output_bytes;
   std::vector<bool> output_saved;
   for (int r = 0; r < reps; ++r)
     for (int m = 0; m < kStageModes; ++m)
-      runs[m].push_back(
-          detail::profiled_step(stages, step, stats, static_cast<StageMode>(m), output_bytes, output_saved));
+      if (measured[static_cast<std::size_t>(m)])
+        runs[m].push_back(
+            detail::profiled_step(stages, step, backend, static_cast<StageMode>(m), output_bytes, output_saved));
 
   // Mark indices: 0 step start, 1 chain start, 2+k after stage k, n+2 backward call,
   // n+3+(n-1-k) stage k's output gradient ready, 2n+3 backward return, 2n+4 step end.
@@ -279,8 +310,10 @@ ChainProfile profile_chain(const std::vector<Layer<B>>& stages, const ChainStep<
     return v.size() % 2 == 1 ? v[h] : 0.5 * (v[h - 1] + v[h]);
   };
   ChainProfile p;
+  p.measured = measured;
   p.stages.resize(static_cast<std::size_t>(n));
   for (int m = 0; m < kStageModes; ++m) {
+    if (!measured[static_cast<std::size_t>(m)]) continue;  // never planned: solve_chain skips it
     const std::vector<Mark>& mk = runs[m].back();
     for (std::int64_t k = 0; k < n; ++k) {
       StageCosts& s = p.stages[static_cast<std::size_t>(k)];

@@ -3,7 +3,7 @@
 //
 // NOTE [The chain's memory model]
 // A schedule splits the chain into segments: a Keep stage, or a region (Recompute,
-// Selective or SaveAttention) over stages [j, j'). Forward leaves `kept` bytes per segment; backward
+// Selective, SaveAttention or Offload) over stages [j, j'). Forward leaves `kept` bytes per segment; backward
 // visits segments last to first, and when it starts segment q the live bytes are
 //     start + (kept of segments 0..q) + backward_rest + G(end of q),
 // G(j) being what backward of stages j.. leaves behind (their gradients), taken from
@@ -14,7 +14,17 @@
 // of the step is the largest of these levels, of the forward levels, of the loss and
 // of the part outside the chain (optimizer). Time is the sum of measured stage times.
 //
-// Selective and SaveAttention regions are one stage long (see solve_once).
+// Selective, SaveAttention and Offload regions are one stage long (see solve_once).
+//
+// NOTE [Offload in the model]
+// An Offload stage is a one-stage region whose activations all go to pinned host memory
+// in forward and come back at its backward; it is a mode only where the profile could
+// measure it (the backend has HasOffload; never on the CPU, which has no other memory).
+// Its bytes are device bytes (host copies are not in the Total channel) and its times
+// are the stage's own windows with the copies in them: each profile mark waits for the
+// copies queued so far, so a transfer that the stage's own compute does not hide shows
+// as time (the measured bandwidth at work), and the model takes no credit for hiding it
+// behind the next stage's, which a planned step (no marks) may still do.
 //
 // NOTE [Nested segments]
 // A Nested segment is a full-recompute region whose inner stages (all but the last) are
@@ -178,6 +188,12 @@ inline std::vector<Segment> split_keeps(const std::vector<Segment>& segments) {
 /// The model's peak (both channels) and time of a schedule.
 inline PlanPrediction predict(const ChainProfile& p, const std::vector<Segment>& schedule) {
   const std::vector<Segment> segs = split_keeps(schedule);
+  for (const Segment& s : segs) {
+    detail::check(p.measured[detail::at(detail::profiled(s.mode))], "checkpoint planner: the profile has no ",
+                  name_of(s.mode), " measurement (Offload needs a backend with host memory to offload to)");
+    detail::check(s.mode != StageMode::Offload || s.end - s.begin == 1,
+                  "checkpoint planner: an Offload segment spans one stage, got stages ", s.begin, "-", s.end - 1);
+  }
   PlanPrediction out;
   out.ms = p.outside_ms;
   for (int c = 0; c < kMemChannels; ++c) {
@@ -202,6 +218,7 @@ struct SolverOptions {
   double work_limit = 1.25e8;   // at most segments × S bucket updates (see resolution())
   bool allow_selective = true;  // Selective and SaveAttention
   bool allow_nested = true;
+  bool allow_offload = true;  // where the profile measured it (ChainProfile::measured)
 };
 
 /// \brief A solver's answer.
@@ -314,7 +331,9 @@ inline PlanSolution solve_once(const ChainProfile& p, int c, std::int64_t budget
     relax(j, j + 1, 0, SegmentCost{sj.kept[0][c], sj.fwd_peak[0][c], sj.bwd_peak[0][c], sj.fwd_ms[0] + sj.bwd_ms[0]});
     for (int mode = 1; mode <= static_cast<int>(StageMode::Nested); ++mode) {
       const auto sm = static_cast<StageMode>(mode);
-      if ((is_selective(sm) && !o.allow_selective) || (sm == StageMode::Nested && !o.allow_nested)) continue;
+      if ((is_selective(sm) && !o.allow_selective) || (sm == StageMode::Nested && !o.allow_nested) ||
+          (sm == StageMode::Offload && !o.allow_offload) || !p.measured[at(profiled(sm))])
+        continue;
       const int m = profiled(sm), q = inner_mode(sm);  // the region's stage costs; its inner stages'
       const std::vector<std::int64_t>& pe = pes[at(q)];
       std::int64_t inner = 0;           // region-kept bytes of stages j..j2-1 minus their outputs
@@ -326,7 +345,9 @@ inline PlanSolution solve_once(const ChainProfile& p, int c, std::int64_t budget
       // Selective regions span one stage: a longer one also keeps each inner stage's
       // last matmul output (the next stage's recompute needs it), which the one-stage
       // profile cannot see; with a residual add after that matmul it saves nothing anyway.
-      const std::int64_t last_end = is_selective(sm) ? j + 1 : std::min(n, j + resolved.max_length);
+      // Offload regions too: a longer one offloads what one-stage ones would, minus the
+      // boundaries, and its inner stages are not recomputed, as the region model assumes.
+      const std::int64_t last_end = is_one_stage(sm) ? j + 1 : std::min(n, j + resolved.max_length);
       for (std::int64_t j2 = j + 1; j2 <= last_end; ++j2) {
         const std::int64_t k = j2 - 1;  // the region's last stage
         const StageCosts& st = p.stages[at(k)];

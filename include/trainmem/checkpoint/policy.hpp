@@ -94,6 +94,12 @@ inline Policy offload_matmuls() {
   return [](const OpSummary& s) { return s.op.kind == OpKind::Matmul ? kMustOffload : kPreferRecompute; };
 }
 
+/// Offload every op's outputs to host memory: nothing is recomputed, backward brings
+/// them all back (the planner's Offload mode).
+inline Policy offload_all() {
+  return [](const OpSummary&) { return kMustOffload; };
+}
+
 /// The first policy's MUST decisions win; otherwise the second decides.
 inline Policy prefer(Policy first, Policy second) {
   return [first = std::move(first), second = std::move(second)](const OpSummary& s) {

@@ -1,7 +1,9 @@
 // trainmem/core/memory_stats.hpp — exact byte accounting by category.
 //
 // Every byte a backend allocator hands out is tagged with a category and counted
-// here, live and peak, per category and in total. Checkpointing and mixed-precision
+// here, live and peak, per category, in total and on the device (every category but
+// HostOffload: what the accelerator itself holds; on the CPU the same as the total,
+// as nothing is offloaded there). Checkpointing and mixed-precision
 // claims are checked against these numbers. A saved activation is a tensor that was
 // allocated as a temporary and then kept for backward: packing it re-tags its bytes,
 // so "saved activation" counts exactly what the tape holds on to.
@@ -51,6 +53,7 @@ constexpr std::string_view name_of(MemCategory category) {
 struct PeakBytes {
   std::array<std::int64_t, kMemCategoryCount> by_category{};
   std::int64_t total = 0;
+  std::int64_t device = 0;  // every category but HostOffload
 
   std::int64_t operator[](MemCategory c) const { return by_category[static_cast<std::size_t>(c)]; }
   /// Keeps the larger of each figure: the peaks over this window and `other`.
@@ -58,6 +61,7 @@ struct PeakBytes {
     for (std::size_t c = 0; c < kMemCategoryCount; ++c)
       if (other.by_category[c] > by_category[c]) by_category[c] = other.by_category[c];
     if (other.total > total) total = other.total;
+    if (other.device > device) device = other.device;
     return *this;
   }
   bool operator==(const PeakBytes&) const = default;
@@ -100,13 +104,20 @@ class MemoryStats {
   std::int64_t peak_total() const {
     return locked([&] { return peak_total_; });
   }
+  /// Live and peak bytes on the device: every category but HostOffload.
+  std::int64_t live_device() const {
+    return locked([&] { return live_device_; });
+  }
+  std::int64_t peak_device() const {
+    return locked([&] { return peak_device_; });
+  }
   std::int64_t allocations() const {
     return locked([&] { return allocations_; });
   }
 
   /// Every peak of the current window, read at one instant.
   PeakBytes peaks() const {
-    return locked([&] { return PeakBytes{peak_, peak_total_}; });
+    return locked([&] { return PeakBytes{peak_, peak_total_, peak_device_}; });
   }
 
   /// Starts a new peak window: every peak becomes the current live value (what came
@@ -139,18 +150,20 @@ class MemoryStats {
   /// Starts a window and returns the peaks of the one it interrupts.
   PeakBytes open_window() {
     std::lock_guard lock(mutex_);
-    PeakBytes outer{peak_, peak_total_};
+    PeakBytes outer{peak_, peak_total_, peak_device_};
     peak_ = live_;
     peak_total_ = live_total_;
+    peak_device_ = live_device_;
     return outer;
   }
   /// Ends a window: the interrupted one's peaks become the larger of both.
   void close_window(const PeakBytes& outer) {
     std::lock_guard lock(mutex_);
-    PeakBytes merged{peak_, peak_total_};
+    PeakBytes merged{peak_, peak_total_, peak_device_};
     merged.merge(outer);
     peak_ = merged.by_category;
     peak_total_ = merged.total;
+    peak_device_ = merged.device;
   }
 
   template <class F>
@@ -164,8 +177,10 @@ class MemoryStats {
     auto& live = live_[index(category)];
     live += delta;
     live_total_ += delta;
+    if (category != MemCategory::HostOffload) live_device_ += delta;
     if (live > peak_[index(category)]) peak_[index(category)] = live;
     if (live_total_ > peak_total_) peak_total_ = live_total_;
+    if (live_device_ > peak_device_) peak_device_ = live_device_;
     if (event == Event::Allocate) ++allocations_;
     if (recording_) timeline_.push_back({event, category, delta, live_total_, {}});
   }
@@ -174,6 +189,8 @@ class MemoryStats {
   std::array<std::int64_t, kMemCategoryCount> peak_{};
   std::int64_t live_total_ = 0;
   std::int64_t peak_total_ = 0;
+  std::int64_t live_device_ = 0;
+  std::int64_t peak_device_ = 0;
   std::int64_t allocations_ = 0;
   bool recording_ = false;
   std::vector<TimelineEntry> timeline_;
