@@ -9,14 +9,20 @@
 // stage), selective + every-k, and for the transformers save_attention per stage
 // (policy::save_attention: keeps fused attention's outputs only). Every schedule
 // and every plan runs round-robin `reps` times in the same run (median step time; ratios
-// to "none" from that run); a row per (budget, schedule) says whether its measured peak
-// saved bytes fit the budget. The planner also reports its predicted peak and its solve
-// time, and the solve time of a 1024-stage chain (the model's profile repeated). Each
-// budget also prints the profile's lower bound on any schedule's time
-// (added_ms_lower_bound): how close to plain these stages allow.
+// to "none" from that run; "none_again", the plain step a second time, shows the run's
+// noise); a row per (budget, schedule) says whether its measured peak
+// saved bytes fit the budget; it also gives the model's time ratio for that schedule
+// (pred: the profile's prediction, so the model's error shows row by row) and the minor
+// page faults per step (a step whose buffers the allocator's cache no longer holds pays
+// for fresh pages: the machine, not the schedule). The planner also reports its
+// predicted peak and its solve time, and the solve time of a 1024-stage chain (the
+// model's profile repeated). Each budget also prints the profile's lower bound on any
+// schedule's time (added_ms_lower_bound): how close to plain these stages allow.
 //
 //   planner [--json planner.json] [--reps 7] [--models mlp64,mlp256,transformer,transformer_halves]
-//           [--width 128] [--hidden 512] [--batch 128] [--blocks 8] [--profile]
+//           [--width 128] [--hidden 512] [--batch 128] [--blocks 8] [--profile] [--profile-reps 3]
+#include <sys/resource.h>
+
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -107,6 +113,9 @@ std::vector<std::pair<std::string, Segments>> hand_schedules(std::int64_t n, boo
   using M = tmem::StageMode;
   std::vector<std::pair<std::string, Segments>> out;
   out.push_back({"none", {{0, n, M::Keep}}});
+  // The same plain step once more: its ratio to "none" is the run's noise floor (an A/A
+  // control; on a shared machine it is seldom 1.000).
+  out.push_back({"none_again", {{0, n, M::Keep}}});
   Segments each, selective, attention;
   for (std::int64_t k = 0; k < n; ++k) {
     each.push_back({k, k + 1, M::Recompute});
@@ -211,6 +220,7 @@ void run_model(const std::string& name, const Model& model, const Config& c, nlo
     std::int64_t predicted_saved = 0, predicted_total = 0;
     double predicted_ms = 0.0;
     std::vector<double> ms;
+    std::vector<double> faults;  // minor page faults per step (the allocator's cache missed)
     tmem::StepMeasurement peak;
     int budget = -1;  // planner entries: which budget
     double solve_ms = 0.0;
@@ -223,7 +233,7 @@ void run_model(const std::string& name, const Model& model, const Config& c, nlo
                   [&](const tmem::StageCosts& st) { return st.kept[attention] != st.kept[recompute]; });
   for (auto& [schedule, segments] : hand_schedules(n, with_attention)) {
     const tmem::PlanPrediction p = tmem::predict(profile, segments);
-    entries.push_back({schedule, segments, p.peak[1], p.peak[0], p.ms, {}, {}, -1, 0.0});
+    entries.push_back({schedule, segments, p.peak[1], p.peak[0], p.ms, {}, {}, {}, -1, 0.0});
   }
   std::printf(
       "\n%s: %lld stages, profiled in %.1f s; plain step: peak saved %lld B, whole step %lld B, model state %lld B\n",
@@ -267,6 +277,7 @@ void run_model(const std::string& name, const Model& model, const Config& c, nlo
                          plan.prediction().ms,
                          {},
                          {},
+                         {},
                          static_cast<int>(b),
                          solve_ms});
       solves.push_back({{"model", name}, {"stages", n}, {"budget_bytes", budgets[b].bytes}, {"solve_ms", solve_ms}});
@@ -275,18 +286,27 @@ void run_model(const std::string& name, const Model& model, const Config& c, nlo
     }
   }
 
-  // Round-robin measurement: a warm-up step each, then `reps` rounds.
+  // Round-robin measurement: a warm-up step each, then `reps` rounds. Page faults are
+  // counted per step: a step whose buffers the allocator's cache no longer holds pays
+  // for fresh pages, which is the machine, not the schedule.
+  const auto minor_faults = [] {
+    rusage u{};
+    getrusage(RUSAGE_SELF, &u);
+    return static_cast<double>(u.ru_minflt);
+  };
   for (auto& e : entries) planner.measure(e.segments);
   for (int r = 0; r < c.reps; ++r)
     for (auto& e : entries) {
+      const double faults_before = minor_faults();
       const tmem::StepMeasurement m = planner.measure(e.segments);
+      e.faults.push_back(minor_faults() - faults_before);
       e.ms.push_back(m.ms);
       e.peak = m;
     }
   const double none_ms = benchmarks::median(entries.front().ms);
   // t/none: measured, this run; pred: the model's time ratio (profile), so its error shows per schedule.
-  std::printf("%-12s %-9s %-20s %14s %14s %14s %10s %8s %8s %5s\n", "model", "budget", "schedule", "peak saved B",
-              "predicted B", "peak total B", "step ms", "t/none", "pred", "fits");
+  std::printf("%-12s %-9s %-20s %14s %14s %14s %10s %8s %8s %7s %5s\n", "model", "budget", "schedule", "peak saved B",
+              "predicted B", "peak total B", "step ms", "t/none", "pred", "faults", "fits");
   for (std::size_t b = 0; b < budgets.size(); ++b) {
     for (const auto& e : entries) {
       if (e.budget >= 0 && e.budget != static_cast<int>(b)) continue;
@@ -294,10 +314,11 @@ void run_model(const std::string& name, const Model& model, const Config& c, nlo
       const bool fits = e.peak.peak[1] <= budgets[b].bytes;
       char label[32];
       std::snprintf(label, sizeof label, b + 1 == budgets.size() ? "min %.3f" : "%.3f", budgets[b].fraction);
-      std::printf("%-12s %-9s %-20s %14lld %14lld %14lld %10.2f %8.3f %8.3f %5s\n", name.c_str(), label,
+      const double faults = benchmarks::median(e.faults);
+      std::printf("%-12s %-9s %-20s %14lld %14lld %14lld %10.2f %8.3f %8.3f %7.0f %5s\n", name.c_str(), label,
                   e.schedule.c_str(), static_cast<long long>(e.peak.peak[1]), static_cast<long long>(e.predicted_saved),
                   static_cast<long long>(e.peak.peak[0]), ms, ms / none_ms,
-                  e.predicted_ms / entries.front().predicted_ms, fits ? "yes" : "no");
+                  e.predicted_ms / entries.front().predicted_ms, faults, fits ? "yes" : "no");
       rows.push_back({{"model", name},
                       {"stages", n},
                       {"budget_bytes", budgets[b].bytes},
@@ -312,6 +333,7 @@ void run_model(const std::string& name, const Model& model, const Config& c, nlo
                       {"step_ms_all", e.ms},
                       {"time_ratio_vs_none", ms / none_ms},
                       {"predicted_step_ms", e.predicted_ms},
+                      {"minor_page_faults_per_step", faults},
                       {"predicted_time_ratio_vs_none", e.predicted_ms / entries.front().predicted_ms},
                       {"fits", fits}});
       if (e.schedule == "planner") rows.back()["solve_ms"] = e.solve_ms;
@@ -322,7 +344,8 @@ void run_model(const std::string& name, const Model& model, const Config& c, nlo
     for (const auto& e : entries) {
       const double ms = benchmarks::median(e.ms);
       if (e.budget == static_cast<int>(b)) planned = ms;
-      if (e.budget < 0 && e.peak.peak[1] <= budgets[b].bytes && (best_name.empty() || ms < best_hand))
+      if (e.budget < 0 && e.schedule != "none_again" && e.peak.peak[1] <= budgets[b].bytes &&
+          (best_name.empty() || ms < best_hand))
         best_hand = ms, best_name = e.schedule;
     }
     if (planned > 0.0)

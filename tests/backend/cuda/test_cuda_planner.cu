@@ -73,7 +73,8 @@ TEST_CASE("cuda planner: Offload is measured and exact, planned steps fit and ma
     const tmem::StepMeasurement m = planner.measure(plan);
     INFO(plan.compare(m));
     CHECK(m.peak[0] <= budget + budget / 50);
-    CHECK(std::abs(static_cast<double>(plan.prediction().peak[0] - m.peak[0])) <= 0.02 * static_cast<double>(m.peak[0]));
+    CHECK(std::abs(static_cast<double>(plan.prediction().peak[0] - m.peak[0])) <=
+          0.02 * static_cast<double>(m.peak[0]));
     CHECK(planner_gradients(chain, plan.runner()) == reference);
   }
 }
