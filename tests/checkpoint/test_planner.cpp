@@ -311,3 +311,59 @@ TEST_CASE("on the CPU Offload is never measured nor planned; an Offload region k
   CHECK(offload.peak[1] >= kept.peak[1]);  // the region also keeps its input
   CHECK(offload.peak[1] <= kept.peak[1] + p.stages[0].output_bytes);
 }
+
+TEST_CASE("Offload is chosen where its transfers hide behind compute, and not where they cost more than a recompute",
+          "[checkpoint][planner]") {
+  // A measured CPU profile, given the Offload costs a GPU's would have: on the device an
+  // offloaded stage keeps what a recompute region keeps (its input), in backward it holds
+  // what a plain stage holds (everything comes back), and its times are a plain stage's
+  // plus whatever part of the transfer its compute does not hide.
+  examples::ResidualMlpChain<B> chain(8, 16, 64, 32);
+  Planner<B> planner(chain.stages, [&chain](const ChainRunner<B>& run) { chain.step(run); }, {1, {}});
+  const auto with_offload = [&](double unhidden_ms) {
+    ChainProfile p = planner.profile();
+    const auto keep = static_cast<std::size_t>(StageMode::Keep),
+               recompute = static_cast<std::size_t>(StageMode::Recompute),
+               offload = static_cast<std::size_t>(StageMode::Offload);
+    p.measured[offload] = true;
+    for (StageCosts& s : p.stages) {
+      s.kept[offload] = s.kept[recompute];
+      s.fwd_peak[offload] = s.fwd_peak[keep];
+      s.bwd_peak[offload] = s.bwd_peak[keep];
+      s.bwd_change[offload] = s.bwd_change[keep];
+      for (int c = 0; c < kMemChannels; ++c)  // it ends where a plain stage ends, from less kept
+        s.bwd_change[offload][c] += s.kept[keep][c] - s.kept[recompute][c];
+      s.fwd_ms[offload] = s.fwd_ms[keep] + unhidden_ms;
+      s.bwd_ms[offload] = s.bwd_ms[keep] + unhidden_ms;
+    }
+    return p;
+  };
+  const std::int64_t budget = planner.profile().plain_peak[1] / 4;
+  const PlanSolution without = solve_chain(planner.profile(), MemChannel::Saved, budget);
+  REQUIRE(without.feasible);
+  const auto offloaded_stages = [](const PlanSolution& s) {
+    std::int64_t n = 0;
+    for (const Segment& segment : s.segments) n += segment.mode == StageMode::Offload ? 1 : 0;
+    return n;
+  };
+  // Transfers hidden: offloading costs nothing, so the plan offloads and is faster than any
+  // plan that must recompute.
+  const ChainProfile hidden = with_offload(0.0);
+  const PlanSolution free_copies = solve_chain(hidden, MemChannel::Saved, budget);
+  REQUIRE(free_copies.feasible);
+  CHECK(offloaded_stages(free_copies) > 0);
+  CHECK(free_copies.prediction.ms < without.prediction.ms);
+  CHECK(free_copies.prediction.peak[1] <= budget);
+  // Transfers that take longer than recomputing any stage: the plan of the profile without
+  // offload, unchanged.
+  double slowest_recompute = 0.0;
+  for (const StageCosts& s : planner.profile().stages) slowest_recompute = std::max(slowest_recompute, s.bwd_ms[1]);
+  const PlanSolution slow_link = solve_chain(with_offload(slowest_recompute), MemChannel::Saved, budget);
+  REQUIRE(slow_link.feasible);
+  CHECK(offloaded_stages(slow_link) == 0);
+  CHECK(slow_link.segments == without.segments);
+  // And a step planned with offload runs (on the CPU an Offload region keeps instead).
+  const auto n = static_cast<std::int64_t>(chain.stages.size());
+  const auto reference = gradients(chain, ChainRunner<B>(chain.stages, {{0, n, StageMode::Keep}}));
+  CHECK(gradients(chain, ChainRunner<B>(chain.stages, free_copies.segments)) == reference);
+}
