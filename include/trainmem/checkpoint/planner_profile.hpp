@@ -107,10 +107,11 @@ struct ChainProfile {
   std::array<std::int64_t, kMemChannels> backward_rest{};  // live at the last stage's backward start minus chain end
   std::array<std::int64_t, kMemChannels> outside_peak{};   // absolute: before the chain, after backward (optimizer)
   std::array<std::int64_t, kMemChannels> plain_peak{};     // the plain step's measured peak
-  std::array<bool, kStageModes> measured{};  // modes the profile ran (Offload: only where the backend offloads)
-  std::int64_t model_state = 0;              // parameters + gradients + master weights + optimizer state, at most
-  double outside_ms = 0.0;                   // time of the step outside the stages
-  double plain_ms = 0.0;                     // the plain step's measured time
+  // Modes the profile ran: all but Offload everywhere, Offload where the backend offloads.
+  std::array<bool, kStageModes> measured{true, true, true, true, false};
+  std::int64_t model_state = 0;  // parameters + gradients + master weights + optimizer state, at most
+  double outside_ms = 0.0;       // time of the step outside the stages
+  double plain_ms = 0.0;         // the plain step's measured time
 
   std::int64_t size() const { return static_cast<std::int64_t>(stages.size()); }
 };
@@ -287,8 +288,7 @@ ChainProfile profile_chain(const std::vector<Layer<B>>& stages, const ChainStep<
     for (std::int64_t k = 0; k < n; ++k) offloaded.push_back({k, k + 1, StageMode::Offload});
     step(ChainRunner<B>(stages, offloaded));
   }
-  std::array<bool, kStageModes> measured{};
-  measured.fill(true);
+  std::array<bool, kStageModes> measured = ChainProfile{}.measured;
   measured[static_cast<std::size_t>(StageMode::Offload)] = HasOffload<B>;
   std::array<std::vector<std::vector<Mark>>, kStageModes> runs;
   std::vector<std::int64_t> output_bytes;

@@ -345,8 +345,8 @@ inline PlanSolution solve_once(const ChainProfile& p, int c, std::int64_t budget
       // Selective regions span one stage: a longer one also keeps each inner stage's
       // last matmul output (the next stage's recompute needs it), which the one-stage
       // profile cannot see; with a residual add after that matmul it saves nothing anyway.
-      // Offload regions too: a longer one offloads what one-stage ones would, minus the
-      // boundaries, and its inner stages are not recomputed, as the region model assumes.
+      // Offload regions too: the region model recomputes a longer region's inner stages,
+      // which an Offload region brings back from host memory instead.
       const std::int64_t last_end = is_one_stage(sm) ? j + 1 : std::min(n, j + resolved.max_length);
       for (std::int64_t j2 = j + 1; j2 <= last_end; ++j2) {
         const std::int64_t k = j2 - 1;  // the region's last stage
