@@ -75,8 +75,11 @@ struct Case {
 
 TEST_CASE("scaled_dot_product_attention: F64 forward against loops, gradients against central differences",
           "[ops][grad][attention]") {
+  // The last three span several blocks of query rows (64 each), causal ones with blocks
+  // that see different numbers of keys.
   const Case c =
-      GENERATE(Case{3, 5, 5, 4, true}, Case{2, 3, 6, 4, true}, Case{2, 4, 7, 3, false}, Case{1, 1, 1, 2, true});
+      GENERATE(Case{3, 5, 5, 4, true}, Case{2, 3, 6, 4, true}, Case{2, 4, 7, 3, false}, Case{1, 1, 1, 2, true},
+               Case{1, 150, 150, 3, true}, Case{2, 70, 131, 2, true}, Case{1, 129, 140, 2, false});
   INFO("n " << c.n << " tq " << c.tq << " tk " << c.tk << " d " << c.d << " causal " << c.causal);
   const T q = testing::random_tensor({c.n, c.tq, c.d}, 11), k = testing::random_tensor({c.n, c.tk, c.d}, 12),
           v = testing::random_tensor({c.n, c.tk, c.d}, 13);
@@ -101,7 +104,7 @@ TEST_CASE("scaled_dot_product_attention: F32 and BF16 match the composed ops, fo
   const bool causal = GENERATE(true, false);
   const DType dtype = GENERATE(DType::F32, DType::BF16);
   INFO("causal " << causal << ", " << name_of(dtype));
-  const std::int64_t n = 6, t = 33, d = 16;
+  const std::int64_t n = 6, t = 100, d = 16;  // two blocks of query rows
   const T q = testing::random_tensor({n, t, d}, 21, -1.0, 1.0, dtype),
           k = testing::random_tensor({n, t, d}, 22, -1.0, 1.0, dtype),
           v = testing::random_tensor({n, t, d}, 23, -1.0, 1.0, dtype),

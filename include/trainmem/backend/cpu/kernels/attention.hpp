@@ -6,6 +6,8 @@
 // O = P V, and each row's log-sum-exp (all that backward needs besides Q, K, V).
 // Backward recomputes P = exp(scale Q K^T - lse), then dV = P^T dO, dP = dO V^T,
 // delta_i = sum_j P_ij dP_ij, dS = P (dP - delta), dQ = scale dS K, dK = scale dS^T Q.
+// Both run in blocks of query rows against only the keys a block sees (causal: half the
+// product), with row sums in SIMD lanes (lane_sum.hpp); dK and dV add the blocks in order.
 // Math in the accumulator type (f32, or f64 for f64) straight on the tensors' data when
 // they are in it; 16-bit slices are widened into, and results narrowed from, scratch.
 // Slices split over threads, each with its own scratch from the tracked allocator (shown
@@ -21,6 +23,7 @@
 
 #include "trainmem/backend/cpu/allocator.hpp"
 #include "trainmem/backend/cpu/convert.hpp"
+#include "trainmem/backend/cpu/kernels/lane_sum.hpp"
 #include "trainmem/backend/cpu/kernels/parallel.hpp"
 #include "trainmem/backend/cpu/threads.hpp"
 #include "trainmem/backend/cpu/workspace.hpp"
@@ -78,6 +81,20 @@ struct Result {
   }
 };
 
+/// Query rows per block: a block's scores run only against the keys its last row sees,
+/// so under the causal mask a slice does about half the work of the whole [tq, tk]
+/// product, and its scores take [kQueryBlock, tk] of scratch instead of [tq, tk].
+inline constexpr std::int64_t kQueryBlock = 64;
+
+/// Runs body(first row, rows, keys the block's last row sees) over a slice's query blocks.
+template <class Body>
+void for_each_query_block(const AttentionSizes& s, Body&& body) {
+  for (std::int64_t i0 = 0; i0 < s.tq; i0 += kQueryBlock) {
+    const std::int64_t rows = std::min(kQueryBlock, s.tq - i0);
+    body(i0, rows, s.visible(i0 + rows - 1));
+  }
+}
+
 /// Runs body(slice, scratch) over the slices, `per_slice` accumulator elements of scratch per thread.
 template <class Acc, class Body>
 void for_each_slice(const AttentionSizes& s, std::int64_t per_slice, Allocator& allocator, Body&& body) {
@@ -94,29 +111,34 @@ void attention(const T* q, const T* k, const T* v, T* out, Acc* lse, const Atten
   using namespace attention_impl;
   constexpr bool kWiden = !std::is_same_v<T, Acc>;
   const std::int64_t qd = s.tq * s.d, kd = s.tk * s.d;
-  const std::int64_t per_slice = s.tq * s.tk + (kWiden ? 2 * qd + 2 * kd : 0);
+  const std::int64_t per_slice = kQueryBlock * s.tk + (kWiden ? 2 * qd + 2 * kd : 0);
+  const auto scale = static_cast<Acc>(s.scale);
   for_each_slice<Acc>(s, per_slice, allocator, [&](std::int64_t slice, Acc* scratch) {
-    MatrixMap<Acc> S(scratch, s.tq, s.tk);
-    scratch += s.tq * s.tk;
+    Acc* scores = scratch;
+    scratch += kQueryBlock * s.tk;
     const auto Q = widened(q + slice * qd, s.tq, s.d, scratch);
     const auto K = widened(k + slice * kd, s.tk, s.d, scratch);
     const auto V = widened(v + slice * kd, s.tk, s.d, scratch);
     Result<Acc, T> O(out + slice * qd, s.tq, s.d, scratch);
-    S.noalias() = Q * K.transpose();
     Acc* row_lse = lse + slice * s.tq;
-    for (std::int64_t i = 0; i < s.tq; ++i) {
-      Acc* row = S.data() + i * s.tk;
-      const std::int64_t visible = s.visible(i);
-      Acc max = -std::numeric_limits<Acc>::infinity();
-      for (std::int64_t j = 0; j < visible; ++j) max = std::max(max, row[j] * static_cast<Acc>(s.scale));
-      Acc sum = 0;
-      for (std::int64_t j = 0; j < visible; ++j) sum += row[j] = math::exp(row[j] * static_cast<Acc>(s.scale) - max);
-      const Acc inv = Acc(1) / sum;
-      for (std::int64_t j = 0; j < visible; ++j) row[j] *= inv;
-      std::fill(row + visible, row + s.tk, Acc(0));
-      row_lse[i] = max + std::log(sum);
-    }
-    O.matrix.noalias() = S * V;
+    for_each_query_block(s, [&](std::int64_t i0, std::int64_t rows, std::int64_t keys) {
+      MatrixMap<Acc> S(scores, rows, keys);
+      S.noalias() = Q.middleRows(i0, rows) * K.topRows(keys).transpose();
+      for (std::int64_t r = 0; r < rows; ++r) {
+        Acc* row = S.data() + r * keys;
+        const std::int64_t visible = s.visible(i0 + r);
+        Acc max = -std::numeric_limits<Acc>::infinity();
+#pragma omp simd reduction(max : max)
+        for (std::int64_t j = 0; j < visible; ++j) max = std::max(max, row[j] * scale);
+        const Acc sum =
+            lane_sum<Acc>(visible, [&](std::int64_t j) { return row[j] = math::exp(row[j] * scale - max); });
+        const Acc inv = Acc(1) / sum;
+        for (std::int64_t j = 0; j < visible; ++j) row[j] *= inv;
+        std::fill(row + visible, row + keys, Acc(0));
+        row_lse[i0 + r] = max + std::log(sum);
+      }
+      O.matrix.middleRows(i0, rows).noalias() = S * V.topRows(keys);
+    });
     O.store();
   });
 }
@@ -128,38 +150,48 @@ void attention_backward(const T* q, const T* k, const T* v, const Acc* lse, cons
                         Acc* delta, const AttentionSizes& s, Allocator& allocator) {
   using namespace attention_impl;
   constexpr bool kWiden = !std::is_same_v<T, Acc>;
-  const std::int64_t qd = s.tq * s.d, kd = s.tk * s.d, tt = s.tq * s.tk;
-  const std::int64_t per_slice = 2 * tt + (kWiden ? 3 * qd + 5 * kd : 0);
+  const std::int64_t qd = s.tq * s.d, kd = s.tk * s.d, block = kQueryBlock * s.tk;
+  const std::int64_t per_slice = 2 * block + (kWiden ? 3 * qd + 5 * kd : 0);
+  const auto scale = static_cast<Acc>(s.scale);
   for_each_slice<Acc>(s, per_slice, allocator, [&](std::int64_t slice, Acc* scratch) {
-    MatrixMap<Acc> P(scratch, s.tq, s.tk), dS(scratch + tt, s.tq, s.tk);
-    scratch += 2 * tt;
+    Acc *probabilities = scratch, *score_grads = scratch + block;
+    scratch += 2 * block;
     const auto Q = widened(q + slice * qd, s.tq, s.d, scratch);
     const auto dO = widened(dout + slice * qd, s.tq, s.d, scratch);
     const auto K = widened(k + slice * kd, s.tk, s.d, scratch);
     const auto V = widened(v + slice * kd, s.tk, s.d, scratch);
     Result<Acc, T> dQ(dq + slice * qd, s.tq, s.d, scratch), dK(dk + slice * kd, s.tk, s.d, scratch),
         dV(dv + slice * kd, s.tk, s.d, scratch);
-    P.noalias() = Q * K.transpose();
+    dK.matrix.setZero();  // query blocks add into them
+    dV.matrix.setZero();
     const Acc* row_lse = lse + slice * s.tq;
-    for (std::int64_t i = 0; i < s.tq; ++i) {
-      Acc* row = P.data() + i * s.tk;
-      const std::int64_t visible = s.visible(i);
-      for (std::int64_t j = 0; j < visible; ++j) row[j] = math::exp(row[j] * static_cast<Acc>(s.scale) - row_lse[i]);
-      std::fill(row + visible, row + s.tk, Acc(0));
-    }
-    dV.matrix.noalias() = P.transpose() * dO;
-    dS.noalias() = dO * V.transpose();  // dP, turned into dS row by row
     Acc* row_delta = delta + slice * s.tq;
-    for (std::int64_t i = 0; i < s.tq; ++i) {
-      const Acc* p = P.data() + i * s.tk;
-      Acc* ds = dS.data() + i * s.tk;
-      Acc dot = 0;
-      for (std::int64_t j = 0; j < s.tk; ++j) dot += p[j] * ds[j];
-      for (std::int64_t j = 0; j < s.tk; ++j) ds[j] = static_cast<Acc>(s.scale) * p[j] * (ds[j] - dot);
-      row_delta[i] = dot;
-    }
-    dQ.matrix.noalias() = dS * K;
-    dK.matrix.noalias() = dS.transpose() * Q;
+    for_each_query_block(s, [&](std::int64_t i0, std::int64_t rows, std::int64_t keys) {
+      MatrixMap<Acc> P(probabilities, rows, keys), dS(score_grads, rows, keys);
+      const auto Qb = Q.middleRows(i0, rows);
+      const auto dOb = dO.middleRows(i0, rows);
+      P.noalias() = Qb * K.topRows(keys).transpose();
+      for (std::int64_t r = 0; r < rows; ++r) {
+        Acc* row = P.data() + r * keys;
+        const std::int64_t visible = s.visible(i0 + r);
+        const Acc row_max = row_lse[i0 + r];
+#pragma omp simd
+        for (std::int64_t j = 0; j < visible; ++j) row[j] = math::exp(row[j] * scale - row_max);
+        std::fill(row + visible, row + keys, Acc(0));
+      }
+      dV.matrix.topRows(keys).noalias() += P.transpose() * dOb;
+      dS.noalias() = dOb * V.topRows(keys).transpose();  // dP, turned into dS row by row
+      for (std::int64_t r = 0; r < rows; ++r) {
+        const Acc* p = P.data() + r * keys;
+        Acc* ds = dS.data() + r * keys;
+        const Acc dot = lane_sum<Acc>(keys, [&](std::int64_t j) { return p[j] * ds[j]; });
+#pragma omp simd
+        for (std::int64_t j = 0; j < keys; ++j) ds[j] = scale * p[j] * (ds[j] - dot);
+        row_delta[i0 + r] = dot;
+      }
+      dQ.matrix.middleRows(i0, rows).noalias() = dS * K.topRows(keys);
+      dK.matrix.topRows(keys).noalias() += dS.transpose() * Qb;
+    });
     dQ.store();
     dK.store();
     dV.store();
