@@ -20,8 +20,11 @@ namespace trainmem::math {
 // float versions below are branch-free polynomial / rational approximations (Cephes'
 // expf; the rational tanh and erf that Eigen uses), within a few ulp of the exact
 // functions (max relative error ~1e-7 for exp, absolute ~4e-7 for tanh and erf), so
-// the compiler vectorises the loops that call them; libm's scalar calls cost 20-40 ns
-// each. CPU and GPU run the same formulas. The double versions are the exact library
+// the compiler can vectorise the loops that call them; libm's scalar calls cost 20-40 ns
+// each. CPU and GPU run the same formulas. (Checked with GCC 12 -O2 -fopt-info-vec: tanh
+// and erf loops vectorise; exp loops do not: its NaN return, std::floor and the clamp to
+// [lo, hi], whose clamped path GCC folds to a constant and threads into a branch, each
+// keep them scalar. Open.) The double versions are the exact library
 // functions: F64 gradient checks stay exact.
 using std::log;
 using std::pow;
