@@ -86,6 +86,9 @@ struct Result {
 /// product, and its scores take [kQueryBlock, tk] of scratch instead of [tq, tk].
 inline constexpr std::int64_t kQueryBlock = 64;
 
+/// Scratch elements of one block's scores (a slice shorter than a block takes its own rows).
+inline std::int64_t block_scores(const AttentionSizes& s) { return std::min(kQueryBlock, s.tq) * s.tk; }
+
 /// Runs body(first row, rows, keys the block's last row sees) over a slice's query blocks.
 template <class Body>
 void for_each_query_block(const AttentionSizes& s, Body&& body) {
@@ -111,11 +114,11 @@ void attention(const T* q, const T* k, const T* v, T* out, Acc* lse, const Atten
   using namespace attention_impl;
   constexpr bool kWiden = !std::is_same_v<T, Acc>;
   const std::int64_t qd = s.tq * s.d, kd = s.tk * s.d;
-  const std::int64_t per_slice = kQueryBlock * s.tk + (kWiden ? 2 * qd + 2 * kd : 0);
+  const std::int64_t per_slice = block_scores(s) + (kWiden ? 2 * qd + 2 * kd : 0);
   const auto scale = static_cast<Acc>(s.scale);
   for_each_slice<Acc>(s, per_slice, allocator, [&](std::int64_t slice, Acc* scratch) {
     Acc* scores = scratch;
-    scratch += kQueryBlock * s.tk;
+    scratch += block_scores(s);
     const auto Q = widened(q + slice * qd, s.tq, s.d, scratch);
     const auto K = widened(k + slice * kd, s.tk, s.d, scratch);
     const auto V = widened(v + slice * kd, s.tk, s.d, scratch);
@@ -150,7 +153,7 @@ void attention_backward(const T* q, const T* k, const T* v, const Acc* lse, cons
                         Acc* delta, const AttentionSizes& s, Allocator& allocator) {
   using namespace attention_impl;
   constexpr bool kWiden = !std::is_same_v<T, Acc>;
-  const std::int64_t qd = s.tq * s.d, kd = s.tk * s.d, block = kQueryBlock * s.tk;
+  const std::int64_t qd = s.tq * s.d, kd = s.tk * s.d, block = block_scores(s);
   const std::int64_t per_slice = 2 * block + (kWiden ? 3 * qd + 5 * kd : 0);
   const auto scale = static_cast<Acc>(s.scale);
   for_each_slice<Acc>(s, per_slice, allocator, [&](std::int64_t slice, Acc* scratch) {
