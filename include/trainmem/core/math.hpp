@@ -21,11 +21,12 @@ namespace trainmem::math {
 // expf; the rational tanh and erf that Eigen uses), within a few ulp of the exact
 // functions (max relative error ~1e-7 for exp, absolute ~4e-7 for tanh and erf), so
 // the compiler can vectorise the loops that call them; libm's scalar calls cost 20-40 ns
-// each. CPU and GPU run the same formulas. (Checked with GCC 12 -O2 -fopt-info-vec: tanh
-// and erf loops vectorise; exp loops do not: its NaN return, std::floor and the clamp to
-// [lo, hi], whose clamped path GCC folds to a constant and threads into a branch, each
-// keep them scalar. Open.) The double versions are the exact library
-// functions: F64 gradient checks stay exact.
+// each. CPU and GPU run the same formulas. Vectorising needs straight-line code: no early
+// return, no float-to-int conversion, no floor, no clamp of the input (GCC folds a clamped
+// path to a constant and threads it into a branch); out-of-range inputs are handled by
+// a select at the end. Checked with GCC 12 -O2 -fopenmp -fopt-info-vec: `omp simd`
+// loops of exp, tanh and erf vectorise (exp: 2.5 -> 0.3 ns per element on Zen 4).
+// The double versions are the exact library functions: F64 gradient checks stay exact.
 using std::log;
 using std::pow;
 using std::sqrt;
@@ -35,12 +36,17 @@ TRAINMEM_HOST_DEVICE double tanh(double x) { return std::tanh(x); }
 TRAINMEM_HOST_DEVICE double erf(double x) { return std::erf(x); }
 
 TRAINMEM_HOST_DEVICE float exp(float x) {
-  if (x != x) return x;  // NaN: the int cast of fx below would be undefined
   const float hi = 88.3762626647949f, lo = -87.3365447505531f;
-  const float xc = x > hi ? hi : (x < lo ? lo : x);
-  const float fx = std::floor(xc * 1.44269504088896341f + 0.5f);  // x = fx ln 2 + r
-  float r = xc - fx * 0.693359375f;
-  r = r - fx * -2.12194440e-4f;
+  // x = n ln 2 + r. Adding 1.5 * 2^23 rounds x log2(e) to the integer n in the low
+  // mantissa bits, so n comes from the bits, with no float-to-int conversion (undefined
+  // for NaN and out-of-range x) and no floor. Out of [lo, hi] everything below is
+  // garbage that the last line selects away; NaN flows through to the result.
+  const float round_bias = 12582912.0f;
+  const float biased = x * 1.44269504088896341f + round_bias;
+  const float fn = biased - round_bias;
+  const auto n = static_cast<std::int32_t>(detail::float_bits(biased) - detail::float_bits(round_bias));
+  float r = x - fn * 0.693359375f;
+  r = r - fn * -2.12194440e-4f;
   const float z = r * r;
   float y = 1.9875691500e-4f;
   y = y * r + 1.3981999507e-3f;
@@ -49,8 +55,11 @@ TRAINMEM_HOST_DEVICE float exp(float x) {
   y = y * r + 1.6666665459e-1f;
   y = y * r + 5.0000001201e-1f;
   y = y * z + r + 1.0f;
-  const float two_to_fx = detail::bits_float(static_cast<std::uint32_t>(static_cast<std::int32_t>(fx) + 127) << 23);
-  const float out = y * two_to_fx;
+  // 2^n as two normal factors: n reaches 128 near hi and -126 near lo.
+  const std::int32_t half = n >> 1;
+  const float scale_a = detail::bits_float((static_cast<std::uint32_t>(half) + 127u) << 23);
+  const float scale_b = detail::bits_float((static_cast<std::uint32_t>(n - half) + 127u) << 23);
+  const float out = y * scale_a * scale_b;
   return x < lo ? 0.0f : (x > hi ? __builtin_huge_valf() : out);
 }
 
