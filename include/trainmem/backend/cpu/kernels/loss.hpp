@@ -40,6 +40,7 @@ void cross_entropy_backward(Acc dloss, const T* logits, const std::int32_t* labe
   const Acc scale = math::cross_entropy_scale(dloss, rows);
   parallel_for(rows, rows * cols > kParallelGrain, [&](std::int64_t r) {
     const math::CrossEntropyBackwardRow<Acc> row{scale, lse[r], labels[r]};
+#pragma omp simd
     for (std::int64_t c = 0; c < cols; ++c)
       dlogits[r * cols + c] = detail::narrow<T>(row(static_cast<Acc>(detail::widen(logits[r * cols + c])), c));
   });
