@@ -8,16 +8,15 @@
 // every stage ("every_block"), every-k (each k), sqrt N, selective (save_matmuls per
 // stage), selective + every-k, and for the transformers save_attention per stage
 // (policy::save_attention: keeps fused attention's outputs only). Every schedule
-// and every plan runs round-robin `reps` times in the same run (median step time; ratios
-// to "none" from that run; "none_again", the plain step a second time, shows the run's
-// noise); a row per (budget, schedule) says whether its measured peak
-// saved bytes fit the budget; it also gives the model's time ratio for that schedule
-// (pred: the profile's prediction, so the model's error shows row by row) and the minor
-// page faults per step (a step whose buffers the allocator's cache no longer holds pays
-// for fresh pages: the machine, not the schedule). The planner also reports its
-// predicted peak and its solve time, and the solve time of a 1024-stage chain (the
-// model's profile repeated). Each budget also prints the profile's lower bound on any
-// schedule's time (added_ms_lower_bound): how close to plain these stages allow.
+// and every plan runs round-robin `reps` times in the same run (median step time; each
+// ratio is the median over rounds of the two steps' ratio within a round, see
+// paired_ratio; "none_again", the plain step a second time, shows the run's noise); a row per (budget, schedule) says
+// whether its measured peak saved bytes fit the budget; it also gives the model's time ratio for that schedule (pred:
+// the profile's prediction, so the model's error shows row by row) and the minor page faults per step (a step whose
+// buffers the allocator's cache no longer holds pays for fresh pages: the machine, not the schedule). The planner also
+// reports its predicted peak and its solve time, and the solve time of a 1024-stage chain (the model's profile
+// repeated). Each budget also prints the profile's lower bound on any schedule's time (added_ms_lower_bound): how close
+// to plain these stages allow.
 //
 //   planner [--json planner.json] [--reps 7] [--models mlp64,mlp256,transformer,transformer_halves]
 //           [--width 128] [--hidden 512] [--batch 128] [--blocks 8] [--profile] [--profile-reps 3]
@@ -47,6 +46,17 @@ using B = tmem::cpu::Backend;
 using Segments = std::vector<tmem::Segment>;
 
 namespace {
+
+/// The median over rounds of a[r] / b[r]: the time of one schedule against another's, from
+/// steps run back to back in the same round. The shared machines here switch between a
+/// fast and a slow state for seconds at a time (the MLPs' plain step runs 50 or 80 ms,
+/// whole rounds at once); a ratio of two medians mixes rounds of both states whenever the
+/// switch falls among them, a ratio within a round does not.
+double paired_ratio(const std::vector<double>& a, const std::vector<double>& b) {
+  std::vector<double> ratios;
+  for (std::size_t r = 0; r < a.size() && r < b.size(); ++r) ratios.push_back(a[r] / b[r]);
+  return benchmarks::median(ratios);
+}
 
 struct Config {
   std::string json_path = "planner.json";
@@ -303,8 +313,8 @@ void run_model(const std::string& name, const Model& model, const Config& c, nlo
       e.ms.push_back(m.ms);
       e.peak = m;
     }
-  const double none_ms = benchmarks::median(entries.front().ms);
-  // t/none: measured, this run; pred: the model's time ratio (profile), so its error shows per schedule.
+  const std::vector<double>& none_ms = entries.front().ms;
+  // t/none: measured, this run (paired_ratio); pred: the model's time ratio (profile), so its error shows per schedule.
   std::printf("%-12s %-9s %-20s %14s %14s %14s %10s %8s %8s %7s %5s\n", "model", "budget", "schedule", "peak saved B",
               "predicted B", "peak total B", "step ms", "t/none", "pred", "faults", "fits");
   for (std::size_t b = 0; b < budgets.size(); ++b) {
@@ -317,7 +327,7 @@ void run_model(const std::string& name, const Model& model, const Config& c, nlo
       const double faults = benchmarks::median(e.faults);
       std::printf("%-12s %-9s %-20s %14lld %14lld %14lld %10.2f %8.3f %8.3f %7.0f %5s\n", name.c_str(), label,
                   e.schedule.c_str(), static_cast<long long>(e.peak.peak[1]), static_cast<long long>(e.predicted_saved),
-                  static_cast<long long>(e.peak.peak[0]), ms, ms / none_ms,
+                  static_cast<long long>(e.peak.peak[0]), ms, paired_ratio(e.ms, none_ms),
                   e.predicted_ms / entries.front().predicted_ms, faults, fits ? "yes" : "no");
       rows.push_back({{"model", name},
                       {"stages", n},
@@ -331,27 +341,27 @@ void run_model(const std::string& name, const Model& model, const Config& c, nlo
                       {"predicted_peak_total_bytes", e.predicted_total},
                       {"step_ms", ms},
                       {"step_ms_all", e.ms},
-                      {"time_ratio_vs_none", ms / none_ms},
+                      {"time_ratio_vs_none", paired_ratio(e.ms, none_ms)},
+                      {"time_ratio_of_medians_vs_none", ms / benchmarks::median(none_ms)},
                       {"predicted_step_ms", e.predicted_ms},
                       {"minor_page_faults_per_step", faults},
                       {"predicted_time_ratio_vs_none", e.predicted_ms / entries.front().predicted_ms},
                       {"fits", fits}});
       if (e.schedule == "planner") rows.back()["solve_ms"] = e.solve_ms;
     }
-    // Planner against the fastest hand schedule that fits.
-    double best_hand = 0.0, planned = 0.0;
-    std::string best_name;
+    // Planner against the fastest hand schedule that fits (fastest by its ratio to none).
+    const Entry* planned = nullptr;
+    const Entry* best_hand = nullptr;
     for (const auto& e : entries) {
-      const double ms = benchmarks::median(e.ms);
-      if (e.budget == static_cast<int>(b)) planned = ms;
+      if (e.budget == static_cast<int>(b)) planned = &e;
       if (e.budget < 0 && e.schedule != "none_again" && e.peak.peak[1] <= budgets[b].bytes &&
-          (best_name.empty() || ms < best_hand))
-        best_hand = ms, best_name = e.schedule;
+          (!best_hand || paired_ratio(e.ms, none_ms) < paired_ratio(best_hand->ms, none_ms)))
+        best_hand = &e;
     }
-    if (planned > 0.0)
+    if (planned)
       std::printf("  budget %.3f: planner %.2f ms vs fastest fitting hand schedule %s %s\n", budgets[b].fraction,
-                  planned, best_name.empty() ? "(none fits)" : best_name.c_str(),
-                  best_name.empty() ? "" : (std::to_string(planned / best_hand) + "x").c_str());
+                  benchmarks::median(planned->ms), best_hand ? best_hand->schedule.c_str() : "(none fits)",
+                  best_hand ? (std::to_string(paired_ratio(planned->ms, best_hand->ms)) + "x").c_str() : "");
     // How close to plain any schedule could come, by the profile (see added_ms_lower_bound).
     const double bound = 1.0 + added_ms_lower_bound(profile, budgets[b].bytes) / profile.plain_ms;
     std::printf("  budget %.3f: no schedule of these stages adds less than %.3fx the plain step (profile bound)\n",
