@@ -19,8 +19,12 @@ template <class TIn, class TOut>
 void sum_rows(const TIn* in, TOut* out, std::int64_t rows, std::int64_t cols, double beta) {
   using Acc = AccumulatorFor<TIn, TOut>;
   std::vector<Acc> acc(static_cast<std::size_t>(cols), Acc(0));
-  for (std::int64_t r = 0; r < rows; ++r)
-    for (std::int64_t c = 0; c < cols; ++c) acc[c] += static_cast<Acc>(detail::widen(in[r * cols + c]));
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const TIn* row = in + r * cols;
+    Acc* sums = acc.data();
+#pragma omp simd  // columns are independent sums; each still adds its rows in order
+    for (std::int64_t c = 0; c < cols; ++c) sums[c] += static_cast<Acc>(detail::widen(row[c]));
+  }
   for (std::int64_t c = 0; c < cols; ++c) {
     const Acc prior = beta == 0.0 ? Acc(0) : static_cast<Acc>(beta) * static_cast<Acc>(detail::widen(out[c]));
     out[c] = detail::narrow<TOut>(prior + acc[c]);
@@ -47,7 +51,9 @@ void sum_axis(const TIn* in, TOut* out, const AxisView& view) {
     std::vector<Acc> acc(static_cast<std::size_t>(inner), Acc(0));
     for (std::int64_t e = 0; e < extent; ++e) {
       const TIn* row = in + (o * extent + e) * inner;
-      for (std::int64_t i = 0; i < inner; ++i) acc[i] += static_cast<Acc>(detail::widen(row[i]));
+      Acc* sums = acc.data();
+#pragma omp simd
+      for (std::int64_t i = 0; i < inner; ++i) sums[i] += static_cast<Acc>(detail::widen(row[i]));
     }
     for (std::int64_t i = 0; i < inner; ++i) out[o * inner + i] = detail::narrow<TOut>(acc[i]);
   });

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 #include "trainmem/backend/cpu/kernels/parallel.hpp"
 #include "trainmem/core/dtype.hpp"
@@ -20,7 +21,9 @@ void swap_middle_axes(const T* in, T* out, std::int64_t a, std::int64_t b, std::
     for (std::int64_t k = 0; k < c; ++k) {
       const T* src = in + ((i * b + j) * c + k) * d;
       T* dst = out + ((i * c + k) * b + j) * d;
-      for (std::int64_t e = 0; e < d; ++e) dst[e] = src[e];
+      if (d == 1) *dst = *src;
+      else  // a head's row: memcpy moves it in whole vectors, where a loop of unknown length stayed scalar
+        std::memcpy(dst, src, static_cast<std::size_t>(d) * sizeof(T));
     }
   });
 }
