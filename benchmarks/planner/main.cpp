@@ -10,13 +10,15 @@
 // (policy::save_attention: keeps fused attention's outputs only). Every schedule
 // and every plan runs round-robin `reps` times in the same run (median step time; each
 // ratio is the median over rounds of the two steps' ratio within a round, see
-// paired_ratio; "none_again", the plain step a second time, shows the run's noise); a row per (budget, schedule) says
-// whether its measured peak saved bytes fit the budget; it also gives the model's time ratio for that schedule (pred:
-// the profile's prediction, so the model's error shows row by row) and the minor page faults per step (a step whose
-// buffers the allocator's cache no longer holds pays for fresh pages: the machine, not the schedule). The planner also
-// reports its predicted peak and its solve time, and the solve time of a 1024-stage chain (the model's profile
-// repeated). Each budget also prints the profile's lower bound on any schedule's time (added_ms_lower_bound): how close
-// to plain these stages allow.
+// paired_ratio; "none_again", the plain step a second time, shows the run's noise). A
+// row per (budget, schedule) says whether its measured peak saved bytes fit the budget;
+// it also gives the model's time ratio for that schedule (pred: the profile's
+// prediction, so the model's error shows row by row) and the minor page faults per step
+// (a step whose buffers the allocator's cache no longer holds pays for fresh pages: the
+// machine, not the schedule). The planner also reports its predicted peak and its solve
+// time, and the solve time of a 1024-stage chain (the model's profile repeated). Each
+// budget also prints the profile's lower bound on any schedule's time
+// (added_ms_lower_bound): how close to plain these stages allow.
 //
 //   planner [--json planner.json] [--reps 7] [--models mlp64,mlp256,transformer,transformer_halves]
 //           [--width 128] [--hidden 512] [--batch 128] [--blocks 8] [--profile] [--profile-reps 3]
