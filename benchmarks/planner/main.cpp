@@ -354,11 +354,12 @@ void run_model(const std::string& name, const Model& model, const Config& c, nlo
     // Planner against the fastest hand schedule that fits (fastest by its ratio to none).
     const Entry* planned = nullptr;
     const Entry* best_hand = nullptr;
+    double best_hand_ratio = 0.0;
     for (const auto& e : entries) {
       if (e.budget == static_cast<int>(b)) planned = &e;
-      if (e.budget < 0 && e.schedule != "none_again" && e.peak.peak[1] <= budgets[b].bytes &&
-          (!best_hand || paired_ratio(e.ms, none_ms) < paired_ratio(best_hand->ms, none_ms)))
-        best_hand = &e;
+      if (e.budget >= 0 || e.schedule == "none_again" || e.peak.peak[1] > budgets[b].bytes) continue;
+      const double ratio = paired_ratio(e.ms, none_ms);
+      if (!best_hand || ratio < best_hand_ratio) best_hand = &e, best_hand_ratio = ratio;
     }
     if (planned)
       std::printf("  budget %.3f: planner %.2f ms vs fastest fitting hand schedule %s %s\n", budgets[b].fraction,

@@ -177,9 +177,9 @@ void attention_backward(const T* q, const T* k, const T* v, const Acc* lse, cons
       for (std::int64_t r = 0; r < rows; ++r) {
         Acc* row = P.data() + r * keys;
         const std::int64_t visible = s.visible(i0 + r);
-        const Acc row_max = row_lse[i0 + r];
+        const Acc log_sum = row_lse[i0 + r];  // P = exp(scale s - lse), already normalised
 #pragma omp simd
-        for (std::int64_t j = 0; j < visible; ++j) row[j] = math::exp(row[j] * scale - row_max);
+        for (std::int64_t j = 0; j < visible; ++j) row[j] = math::exp(row[j] * scale - log_sum);
         std::fill(row + visible, row + keys, Acc(0));
       }
       dV.matrix.topRows(keys).noalias() += P.transpose() * dOb;

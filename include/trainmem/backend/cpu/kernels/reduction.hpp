@@ -19,9 +19,9 @@ template <class TIn, class TOut>
 void sum_rows(const TIn* in, TOut* out, std::int64_t rows, std::int64_t cols, double beta) {
   using Acc = AccumulatorFor<TIn, TOut>;
   std::vector<Acc> acc(static_cast<std::size_t>(cols), Acc(0));
+  Acc* sums = acc.data();
   for (std::int64_t r = 0; r < rows; ++r) {
     const TIn* row = in + r * cols;
-    Acc* sums = acc.data();
 #pragma omp simd  // columns are independent sums; each still adds its rows in order
     for (std::int64_t c = 0; c < cols; ++c) sums[c] += static_cast<Acc>(detail::widen(row[c]));
   }
@@ -49,9 +49,9 @@ void sum_axis(const TIn* in, TOut* out, const AxisView& view) {
   }
   parallel_for(view.outer, split && view.outer > 1, [&](std::int64_t o) {
     std::vector<Acc> acc(static_cast<std::size_t>(inner), Acc(0));
+    Acc* sums = acc.data();
     for (std::int64_t e = 0; e < extent; ++e) {
       const TIn* row = in + (o * extent + e) * inner;
-      Acc* sums = acc.data();
 #pragma omp simd
       for (std::int64_t i = 0; i < inner; ++i) sums[i] += static_cast<Acc>(detail::widen(row[i]));
     }
