@@ -136,6 +136,7 @@ void attention(const T* q, const T* k, const T* v, T* out, Acc* lse, const Atten
         const Acc sum =
             lane_sum<Acc>(visible, [&](std::int64_t j) { return row[j] = math::exp(row[j] * scale - max); });
         const Acc inv = Acc(1) / sum;
+#pragma omp simd
         for (std::int64_t j = 0; j < visible; ++j) row[j] *= inv;
         std::fill(row + visible, row + keys, Acc(0));
         row_lse[i0 + r] = max + std::log(sum);
