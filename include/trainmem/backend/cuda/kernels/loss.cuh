@@ -50,11 +50,12 @@ struct LoadPlain {
 };
 }  // namespace device
 
-/// Mean cross-entropy; keeps each row's log-sum-exp. A label outside [0, cols) counts as
-/// a zero loss here and is recorded in ctx.bad_indices, which the backend raises later.
+/// Mean cross-entropy (the rows' sum over mean_rows); keeps each row's log-sum-exp. A
+/// label outside [0, cols) counts as a zero loss here and is recorded in ctx.bad_indices,
+/// which the backend raises later.
 template <class T, class Acc>
 void cross_entropy(const KernelContext& ctx, const T* logits, const std::int32_t* labels, Acc* loss, Acc* lse,
-                   std::int64_t rows, std::int64_t cols) {
+                   std::int64_t rows, std::int64_t cols, std::int64_t mean_rows) {
   ScratchBuffer row_loss(ctx, static_cast<std::size_t>(rows) * sizeof(Acc));
   if (rows > 0) {
     device::cross_entropy_rows_kernel<<<row_blocks(rows), row_block_threads(cols), 0, ctx.stream>>>(
@@ -62,14 +63,15 @@ void cross_entropy(const KernelContext& ctx, const T* logits, const std::int32_t
         ctx.bad_indices + static_cast<int>(IndexCheck::CrossEntropyLabel));
     TRAINMEM_CUDA_CHECK_LAUNCH("cross_entropy_rows_kernel");
   }
-  reduce_all<Acc>(ctx, rows, device::LoadPlain<Acc>{row_loss.as<const Acc>()}, device::StoreMean<Acc>{loss, rows});
+  reduce_all<Acc>(ctx, rows, device::LoadPlain<Acc>{row_loss.as<const Acc>()}, device::StoreMean<Acc>{loss, mean_rows});
 }
 
 namespace device {
 template <class T, class Acc>
 __global__ void cross_entropy_backward_kernel(const Acc* dloss, const T* logits, const std::int32_t* labels,
-                                              const Acc* lse, T* dlogits, std::int64_t rows, std::int64_t cols) {
-  const Acc scale = math::cross_entropy_scale(dloss[0], rows);
+                                              const Acc* lse, T* dlogits, std::int64_t rows, std::int64_t cols,
+                                              std::int64_t mean_rows) {
+  const Acc scale = math::cross_entropy_scale(dloss[0], mean_rows);
   const std::int64_t n = rows * cols;
   for (std::int64_t i = global_thread(); i < n; i += grid_stride()) {
     const std::int64_t r = i / cols, c = i - r * cols;
@@ -78,13 +80,13 @@ __global__ void cross_entropy_backward_kernel(const Acc* dloss, const T* logits,
 }
 }  // namespace device
 
-/// dlogits = dloss / rows * (softmax(logits) - onehot(label)); dloss is read on the device.
+/// dlogits = dloss / mean_rows * (softmax(logits) - onehot(label)); dloss is read on the device.
 template <class T, class Acc>
 void cross_entropy_backward(const KernelContext& ctx, const Acc* dloss, const T* logits, const std::int32_t* labels,
-                            const Acc* lse, T* dlogits, std::int64_t rows, std::int64_t cols) {
+                            const Acc* lse, T* dlogits, std::int64_t rows, std::int64_t cols, std::int64_t mean_rows) {
   if (rows * cols == 0) return;
   device::cross_entropy_backward_kernel<<<blocks_for(ctx, rows * cols), kThreads, 0, ctx.stream>>>(
-      dloss, logits, labels, lse, dlogits, rows, cols);
+      dloss, logits, labels, lse, dlogits, rows, cols, mean_rows);
   TRAINMEM_CUDA_CHECK_LAUNCH("cross_entropy_backward_kernel");
 }
 
