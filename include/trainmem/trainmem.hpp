@@ -28,6 +28,7 @@
 #include "trainmem/ops/elementwise.hpp"
 #include "trainmem/ops/embedding.hpp"
 #include "trainmem/ops/feed_forward.hpp"
+#include "trainmem/ops/linear_cross_entropy.hpp"
 #include "trainmem/ops/loss.hpp"
 #include "trainmem/ops/matmul.hpp"
 #include "trainmem/ops/norm.hpp"

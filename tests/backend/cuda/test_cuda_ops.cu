@@ -296,6 +296,27 @@ TEST_CASE("cuda ops: cross_entropy forward, backward and label check", "[cuda][o
   CHECK(std::isfinite(tmem::cross_entropy(logits, good).value().to_host<double>()[0]));
 }
 
+TEST_CASE("cuda ops: linear_cross_entropy in chunks, against the CPU in F64", "[cuda][ops][gemm]") {
+  TRAINMEM_REQUIRE_CUDA_DEVICE();
+  Inputs random;
+  INFO("seed " << random.seed());
+  const std::int64_t rows = 23, in = 40, classes = 517;
+  const auto labels = random.integers(rows, 0, classes - 1);
+  for (const std::int64_t chunk_rows : {0, 5}) {  // one chunk; four of 5 rows and one of 3
+    // A GEMM into the dtype, then the loss: the bound of linear's and cross_entropy's error together.
+    check_op(
+        "linear_cross_entropy chunk_rows=" + std::to_string(chunk_rows),
+        {input(random, Shape{rows, in}), input(random, Shape{classes, in}), input(random, Shape{classes})},
+        [&labels, chunk_rows](auto& tape, auto& v) {
+          using B = std::remove_reference_t<decltype(tape.backend())>;
+          auto t =
+              tmem::Tensor<B>::from_host(Shape{rows}, labels, DType::I32, tmem::MemCategory::Temporary, tape.backend());
+          return tmem::linear_cross_entropy(v[0], v[1], v[2], t, {.chunk_rows = chunk_rows});
+        },
+        kAllDTypes, 2.0);
+  }
+}
+
 TEST_CASE("cuda ops: transpose, head split and merge, causal mask", "[cuda][ops]") {
   TRAINMEM_REQUIRE_CUDA_DEVICE();
   Inputs random;
