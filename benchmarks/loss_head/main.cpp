@@ -49,7 +49,8 @@ Step step(const T& x0, const V& w, const V& b, const T& labels, bool fused, bool
     tmem::Tape<B> tape;
     const V x = tape.input(x0, true);
     const std::int64_t saved_before = memory.live(tmem::MemCategory::SavedActivation);
-    const V loss = fused ? tmem::linear_cross_entropy(x, w, b, labels, {.chunk_rows = chunk_rows}) : tmem::cross_entropy(tmem::linear(x, w, b), labels);
+    const V loss = fused ? tmem::linear_cross_entropy(x, w, b, labels, {.chunk_rows = chunk_rows})
+                         : tmem::cross_entropy(tmem::linear(x, w, b), labels);
     s.saved = memory.live(tmem::MemCategory::SavedActivation) - saved_before;
     tape.backward(loss);
   }

@@ -8,8 +8,8 @@
 // - its bytes: it keeps no logits (the unfused pair keeps rows x classes of them), and
 //   its backward holds one chunk's logits, not all of them;
 // - bad input is an Error naming what is wrong, a bad label the chunk and row it is in.
-#include <catch2/catch.hpp>
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
 #include <optional>
@@ -104,8 +104,8 @@ TEST_CASE("linear_cross_entropy: F64 loss against loops, gradients against finit
     const V loss = op(tape, {tape.input(x, true), tape.input(w, true), tape.input(b, true)});
     CHECK(loss.shape() == Shape{});
     CHECK(loss.dtype() == DType::F64);
-    const double want = reference_loss(x.to_host<double>(), w.to_host<double>(), b.to_host<double>(), labels, rows,
-                                       in, classes);
+    const double want =
+        reference_loss(x.to_host<double>(), w.to_host<double>(), b.to_host<double>(), labels, rows, in, classes);
     CHECK(std::abs(loss.value().to_host<double>()[0] - want) <= 1e-12 * (1.0 + std::abs(want)));
   }
   const auto result = testing::check_gradients(op, {x, w, b});
@@ -178,9 +178,9 @@ TEST_CASE("linear_cross_entropy: bad input is an Error naming what is wrong", "[
   CHECK_THROWS_WITH(linear_cross_entropy(x, w, b, labels, {.chunk_rows = -1}), Catch::Contains("chunk_rows"));
   // A label out of range: the chunk it is in and its row there.
   const T bad = testing::int_tensor(Shape{6}, {0, 1, 2, 3, 7, 0});
-  CHECK_THROWS_WITH(linear_cross_entropy(x, w, b, bad, {.chunk_rows = 4}),
-                    Catch::Contains("chunk of rows [4, 6)") && Catch::Contains("label 7 at row 0") &&
-                        Catch::Contains("outside [0, 5)"));
+  CHECK_THROWS_WITH(linear_cross_entropy(x, w, b, bad, {.chunk_rows = 4}), Catch::Contains("chunk of rows [4, 6)") &&
+                                                                               Catch::Contains("label 7 at row 0") &&
+                                                                               Catch::Contains("outside [0, 5)"));
   // Nothing was recorded by the failed calls: the tape still differentiates a good one.
   const V loss = linear_cross_entropy(x, w, b, labels);
   tape.backward(loss);

@@ -44,8 +44,7 @@ struct LinearCrossEntropyOptions {
 };
 
 namespace detail {
-inline constexpr OpInfo kLinearCrossEntropyOp{"linear_cross_entropy", OpKind::Matmul,
-                                              AutocastCategory::LowerPrecision};
+inline constexpr OpInfo kLinearCrossEntropyOp{"linear_cross_entropy", OpKind::Matmul, AutocastCategory::LowerPrecision};
 
 /// Rows per chunk unless the caller says otherwise (NOTE [Linear cross-entropy in row chunks]).
 inline constexpr std::int64_t kLinearCrossEntropyRowChunk = 512;
@@ -130,11 +129,11 @@ Var<B> linear_cross_entropy(const Var<B>& x, const Var<B>& weight, const Var<B>&
     const Tensor<B> b = has_bias ? saved_b.unpack() : Tensor<B>();
     const Tensor<B> all_labels = saved_labels.unpack(), lse = saved_lse.unpack();
     B& backend = w.backend();
-    const Tensor<B> dloss = g[0].to(accumulator_dtype(dtype));
+    const Tensor<B> dloss = g[0].to(acc);
     Tensor<B> dx = need_x ? new_tensor(backend, Shape{rows, in}, dtype) : Tensor<B>();
     // Weight and bias gradients add over the chunks in the accumulator dtype, rounded once at the end.
-    Tensor<B> dw = need_w ? new_tensor(backend, Shape{classes, in}, accumulator_dtype(dtype)) : Tensor<B>();
-    Tensor<B> db = need_b ? new_tensor(backend, Shape{classes}, accumulator_dtype(dtype)) : Tensor<B>();
+    Tensor<B> dw = need_w ? new_tensor(backend, Shape{classes, in}, acc) : Tensor<B>();
+    Tensor<B> db = need_b ? new_tensor(backend, Shape{classes}, acc) : Tensor<B>();
     for (std::int64_t r0 = 0; r0 < rows; r0 += chunk) {
       const std::int64_t r1 = std::min(rows, r0 + chunk), n = r1 - r0;
       const double beta = r0 == 0 ? 0.0 : 1.0;  // the first chunk writes the sums, the rest add to them
