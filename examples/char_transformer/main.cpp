@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "common/cli_checks.hpp"
 #include "common/memory_report.hpp"
 #include "common/settings.hpp"
 #include "common/training.hpp"
@@ -282,22 +283,22 @@ int main(int argc, char** argv) {
   CLI::App app{"Train a small character-level causal transformer on a text file and let it write."};
   app.option_defaults()->always_capture_default();
   app.add_option("--text", text_path, "text file to learn from");
-  app.add_option("--steps", steps, "training steps")->check(CLI::PositiveNumber);
-  app.add_option("--batch", batch, "windows per step")->check(CLI::PositiveNumber);
+  app.add_option("--steps", steps, "training steps")->check(examples::kPositive);
+  app.add_option("--batch", batch, "windows per step")->check(examples::kPositive);
   app.add_option("--context", config.context, "characters per window")->check(CLI::Range(2, 1024));
-  app.add_option("--dim", config.dim, "model width")->check(CLI::PositiveNumber);
-  app.add_option("--depth", config.depth, "transformer blocks")->check(CLI::PositiveNumber);
-  app.add_option("--heads", config.heads, "attention heads (must divide --dim)")->check(CLI::PositiveNumber);
-  app.add_option("--lr", lr, "peak learning rate (AdamW, warm-up then cosine)")->check(CLI::PositiveNumber);
-  app.add_option("--weight-decay", weight_decay, "AdamW weight decay")->check(CLI::NonNegativeNumber);
+  app.add_option("--dim", config.dim, "model width")->check(examples::kPositive);
+  app.add_option("--depth", config.depth, "transformer blocks")->check(examples::kPositive);
+  app.add_option("--heads", config.heads, "attention heads (must divide --dim)")->check(examples::kPositive);
+  app.add_option("--lr", lr, "peak learning rate (AdamW, warm-up then cosine)")->check(examples::kPositive);
+  app.add_option("--weight-decay", weight_decay, "AdamW weight decay")->check(examples::kNonNegative);
   app.add_option("--precision", precision, "fp32, bf16 or fp16")->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   app.add_option("--checkpoint", checkpoint, "none, sqrt, every:K or selective (stages are the blocks)");
   app.add_option("--seed", seed, "seed of initialisation, batches and sampling");
-  app.add_option("--log-every", log_every, "print the loss every N steps")->check(CLI::PositiveNumber);
+  app.add_option("--log-every", log_every, "print the loss every N steps")->check(examples::kPositive);
   app.add_option("--prompt", prompt, "text the sample starts from");
-  app.add_option("--sample-chars", sample_chars, "characters to generate at the end")->check(CLI::NonNegativeNumber);
+  app.add_option("--sample-chars", sample_chars, "characters to generate at the end")->check(examples::kNonNegative);
   app.add_option("--temperature", temperature, "sampling temperature; 0 picks the likeliest character")
-      ->check(CLI::NonNegativeNumber);
+      ->check(examples::kNonNegative);
   CLI11_PARSE(app, argc, argv);
 
   try {

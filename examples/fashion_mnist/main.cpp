@@ -44,6 +44,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/cli_checks.hpp"
 #include "common/idx_reader.hpp"
 #include "common/memory_report.hpp"
 #include "common/progress.hpp"
@@ -645,22 +646,22 @@ int main(int argc, char** argv) {
       ->default_str("");
   app.add_option("--device", device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--epochs", o.epochs, "epochs (default: 12 for resmlp, 5 for mlp, 15 for vit)")
-      ->check(CLI::PositiveNumber)
+      ->check(examples::kPositive)
       ->default_str("");
   app.add_option("--batch", o.batch, "examples per step (default: 2048 for resmlp, 128 otherwise)")
-      ->check(CLI::PositiveNumber)
+      ->check(examples::kPositive)
       ->default_str("");
   app.add_option("--seed", o.seed, "seed of initialisation and shuffling");
   app.add_option("--lr", o.lr, "peak learning rate (default: 4e-3 for resmlp, 1e-3 for mlp, 2e-3 for vit)")
-      ->check(CLI::PositiveNumber)
+      ->check(examples::kPositive)
       ->default_str("");
   app.add_option("--weight-decay", o.weight_decay,
                  "AdamW weight decay (default: 0.05 for resmlp and vit, 0.01 for mlp)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(examples::kNonNegative)
       ->default_str("");
   app.add_option("--out", o.out, "folder for the memory SVG and results JSON");
   app.add_option("--train-limit", o.train_limit, "train on the first N training images only (quick runs)")
-      ->check(CLI::PositiveNumber);
+      ->check(examples::kPositive);
   app.add_option("--augment", o.augment,
                  "none, or flip: mirror each training image left-right with probability 1/2 (default: none for mlp, "
                  "flip for vit)")
@@ -669,22 +670,22 @@ int main(int argc, char** argv) {
   app.add_option("--data", o.data_dir, "folder with the four Fashion-MNIST .gz files");
   app.add_option("--hidden", o.mlp_hidden, "mlp: hidden layer widths, comma-separated")
       ->delimiter(',')
-      ->check(CLI::PositiveNumber)
+      ->check(examples::kPositive)
       ->group("Model shape");
-  app.add_option("--width", o.resmlp.width, "resmlp: block width")->check(CLI::PositiveNumber)->group("Model shape");
+  app.add_option("--width", o.resmlp.width, "resmlp: block width")->check(examples::kPositive)->group("Model shape");
   app.add_option("--blocks", o.resmlp.blocks, "resmlp: residual blocks")
-      ->check(CLI::PositiveNumber)
+      ->check(examples::kPositive)
       ->group("Model shape");
   app.add_option("--block-hidden", o.resmlp.hidden, "resmlp: hidden width of each block")
-      ->check(CLI::PositiveNumber)
+      ->check(examples::kPositive)
       ->group("Model shape");
-  app.add_option("--dim", o.vit.dim, "vit: token width")->check(CLI::PositiveNumber)->group("Model shape");
-  app.add_option("--depth", o.vit.depth, "vit: transformer blocks")->check(CLI::PositiveNumber)->group("Model shape");
+  app.add_option("--dim", o.vit.dim, "vit: token width")->check(examples::kPositive)->group("Model shape");
+  app.add_option("--depth", o.vit.depth, "vit: transformer blocks")->check(examples::kPositive)->group("Model shape");
   app.add_option("--heads", o.vit.heads, "vit: attention heads (must divide --dim)")
-      ->check(CLI::PositiveNumber)
+      ->check(examples::kPositive)
       ->group("Model shape");
   app.add_option("--mlp-hidden", o.vit.mlp_hidden, "vit: hidden width of each block's MLP")
-      ->check(CLI::PositiveNumber)
+      ->check(examples::kPositive)
       ->group("Model shape");
   app.add_option("--zero", o.zero,
                  "data-parallel under mpirun, each rank on its slice of every batch: 0 (gradients averaged), 1 "
