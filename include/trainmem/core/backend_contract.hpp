@@ -73,7 +73,7 @@ concept BackendKernels = requires(B& b, const Tensor<B>& t, const GemmArgs& args
   b.layer_norm_backward(t, t, t, t, t, t, t, t);
   b.rms_norm(t, t, t, t, x);
   b.rms_norm_backward(t, t, t, t, t, t);
-  b.cross_entropy(t, t, t, t, n);  // n: the rows the mean is over (a chunk of a batch)
+  b.cross_entropy(t, t, t, t, n);  // n: the rows the mean is over (more than the logits' for a chunk)
   b.cross_entropy_backward(t, t, t, t, t, n);
   b.swap_middle_axes(t, t, n, n, n, n);
   b.causal_mask(t, t, x);

@@ -33,7 +33,7 @@ Var<B> cross_entropy(const Var<B>& logits, const Tensor<B>& labels) {
   auto out = rec.compute([&] {
     Tensor<B> loss = new_tensor(rec.backend(), Shape{}, acc);
     Tensor<B> lse = new_tensor(rec.backend(), Shape{tl.shape()[0]}, acc);
-    rec.backend().cross_entropy(tl, labels, loss, lse);
+    rec.backend().cross_entropy(tl, labels, loss, lse, tl.rows());
     return Outputs<B>{loss, lse};
   });
   SavedTensor<B> saved_lse = rec.save(out[1]);
@@ -41,7 +41,7 @@ Var<B> cross_entropy(const Var<B>& logits, const Tensor<B>& labels) {
     const Tensor<B> lv = saved_logits.unpack();
     Tensor<B> dlogits = new_tensor(lv.backend(), lv.shape(), lv.dtype());
     lv.backend().cross_entropy_backward(g[0].to(accumulator_dtype(lv.dtype())), lv, saved_labels.unpack(),
-                                        saved_lse.unpack(), dlogits);
+                                        saved_lse.unpack(), dlogits, lv.rows());
     return Grads<B>{dlogits};
   });
 }

@@ -233,15 +233,15 @@ class Backend : public FusedUpdate<Backend> {
   }
 
   /// loss (scalar) and lse ([rows]) are in the accumulator dtype of the logits.
-  /// loss = the rows' mean cross-entropy (their sum over `mean_rows` when these logits are a
-  /// chunk of a batch of that many rows; 0: logits.rows()), lse = each row's log-sum-exp.
+  /// loss = the rows' cross-entropy summed and divided by `mean_rows` (logits.rows(), or a
+  /// whole batch's rows when these logits are a chunk of it), lse = each row's log-sum-exp.
   void cross_entropy(const TensorT& logits, const TensorT& labels, const TensorT& loss, const TensorT& lse,
-                     std::int64_t mean_rows = 0) {
+                     std::int64_t mean_rows) {
     visit_floating(logits.dtype(), "cross_entropy", [&]<class T>() {
       using Acc = AccumulatorOf<T>;
-      const auto bad_row = kernels::cross_entropy(logits.data_as<const T>(), labels.data_as<const std::int32_t>(),
-                                                  loss.data_as<Acc>(), lse.data_as<Acc>(), logits.rows(), logits.cols(),
-                                                  mean_rows > 0 ? mean_rows : logits.rows());
+      const auto bad_row =
+          kernels::cross_entropy(logits.data_as<const T>(), labels.data_as<const std::int32_t>(), loss.data_as<Acc>(),
+                                 lse.data_as<Acc>(), logits.rows(), logits.cols(), mean_rows);
       detail::check(bad_row < 0, "cross_entropy: label ",
                     bad_row < 0 ? 0 : labels.data_as<const std::int32_t>()[bad_row], " at row ", bad_row,
                     " is outside [0, ", logits.cols(), ")");
@@ -249,13 +249,12 @@ class Backend : public FusedUpdate<Backend> {
   }
   /// dlogits of that mean for dloss (a scalar); mean_rows as in cross_entropy.
   void cross_entropy_backward(const TensorT& dloss, const TensorT& logits, const TensorT& labels, const TensorT& lse,
-                              const TensorT& dlogits, std::int64_t mean_rows = 0) {
+                              const TensorT& dlogits, std::int64_t mean_rows) {
     visit_floating(logits.dtype(), "cross_entropy_backward", [&]<class T>() {
       using Acc = AccumulatorOf<T>;
       kernels::cross_entropy_backward(dloss.data_as<const Acc>()[0], logits.data_as<const T>(),
                                       labels.data_as<const std::int32_t>(), lse.data_as<const Acc>(),
-                                      dlogits.data_as<T>(), logits.rows(), logits.cols(),
-                                      mean_rows > 0 ? mean_rows : logits.rows());
+                                      dlogits.data_as<T>(), logits.rows(), logits.cols(), mean_rows);
     });
   }
 

@@ -277,26 +277,24 @@ class Backend : public FusedUpdate<Backend> {
 
   /// loss (scalar) and lse ([rows]) are in the accumulator dtype of the logits. A label out
   /// of range is raised at the next host wait (NOTE [Checks without a host wait]).
-  /// loss = the rows' mean cross-entropy (their sum over `mean_rows` when these logits are a
-  /// chunk of a batch of that many rows; 0: logits.rows()), lse = each row's log-sum-exp.
+  /// loss = the rows' cross-entropy summed and divided by `mean_rows` (logits.rows(), or a
+  /// whole batch's rows when these logits are a chunk of it), lse = each row's log-sum-exp.
   void cross_entropy(const TensorT& logits, const TensorT& labels, const TensorT& loss, const TensorT& lse,
-                     std::int64_t mean_rows = 0) {
+                     std::int64_t mean_rows) {
     visit_floating(logits.dtype(), "cross_entropy", [&]<class T>() {
       using Acc = AccumulatorOf<T>;
       kernels::cross_entropy(context(), logits.data_as<const T>(), labels.data_as<const std::int32_t>(),
-                             loss.data_as<Acc>(), lse.data_as<Acc>(), logits.rows(), logits.cols(),
-                             mean_rows > 0 ? mean_rows : logits.rows());
+                             loss.data_as<Acc>(), lse.data_as<Acc>(), logits.rows(), logits.cols(), mean_rows);
     });
   }
   /// dlogits of that mean for dloss (a scalar); mean_rows as in cross_entropy.
   void cross_entropy_backward(const TensorT& dloss, const TensorT& logits, const TensorT& labels, const TensorT& lse,
-                              const TensorT& dlogits, std::int64_t mean_rows = 0) {
+                              const TensorT& dlogits, std::int64_t mean_rows) {
     visit_floating(logits.dtype(), "cross_entropy_backward", [&]<class T>() {
       using Acc = AccumulatorOf<T>;
       kernels::cross_entropy_backward(context(), dloss.data_as<const Acc>(), logits.data_as<const T>(),
                                       labels.data_as<const std::int32_t>(), lse.data_as<const Acc>(),
-                                      dlogits.data_as<T>(), logits.rows(), logits.cols(),
-                                      mean_rows > 0 ? mean_rows : logits.rows());
+                                      dlogits.data_as<T>(), logits.rows(), logits.cols(), mean_rows);
     });
   }
 
