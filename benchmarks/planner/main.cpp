@@ -22,6 +22,7 @@
 //
 //   planner [--json planner.json] [--reps 7] [--models mlp64,mlp256,transformer,transformer_halves]
 //           [--width 128] [--hidden 512] [--batch 128] [--blocks 8] [--profile] [--profile-reps 3]
+//           [--precision f32|bf16|f16]
 #include <sys/resource.h>
 
 #include <CLI/CLI.hpp>
@@ -70,6 +71,7 @@ struct Config {
   bool print_profile = false;
   bool op_times = false;
   std::int64_t dim = 128, heads = 4, tokens = 64, seq_batch = 8, vocab = 256;
+  std::string precision = "f32";  // f32, or bf16 / f16: the forward under autocast (mixed precision)
 };
 
 /// `segments` contiguous regions of `mode` (sizes differ by at most one), the last one
@@ -424,20 +426,27 @@ int main(int argc, char** argv) {
   app.add_option("--dim", c.dim, "transformer: width");
   app.add_option("--tokens", c.tokens, "transformer: sequence length");
   app.add_option("--seq-batch", c.seq_batch, "transformer: sequences per batch");
+  app.add_option("--precision", c.precision, "f32, or bf16 / f16: each step's forward under autocast to it")
+      ->check(CLI::IsMember({"f32", "bf16", "f16"}));
   CLI11_PARSE(app, argc, argv);
+  const tmem::DType autocast = c.precision == "bf16"  ? tmem::DType::BF16
+                               : c.precision == "f16" ? tmem::DType::F16
+                                                      : tmem::DType::F32;
   const int threads = tmem::num_threads();
   std::printf(
-      "checkpoint planner vs hand schedules, f32, %d threads, median of %d steps, budgets on saved activations\n",
-      threads, c.reps);
+      "checkpoint planner vs hand schedules, %s, %d threads, median of %d steps, budgets on saved activations\n",
+      c.precision == "f32" ? "f32" : (c.precision + " autocast, f32 parameters").c_str(), threads, c.reps);
   nlohmann::json rows = nlohmann::json::array(), solves = nlohmann::json::array(), bounds = nlohmann::json::array(),
                  profiles = nlohmann::json::object(), op_times = nlohmann::json::object();
   for (const std::string& m : c.models) {
     if (m == "mlp64" || m == "mlp256") {
       examples::ResidualMlpChain<B> chain(m == "mlp64" ? 64 : 256, c.width, c.hidden, c.batch);
+      chain.autocast = autocast;
       run_model(m, chain, c, rows, solves, bounds, profiles);
     } else if (m == "transformer" || m == "transformer_halves") {
       examples::TransformerStack<B> stack(c.blocks, c.dim, c.heads, 4 * c.dim, c.vocab, c.seq_batch, c.tokens, 7,
                                           m == "transformer_halves");
+      stack.autocast = autocast;
       if (c.op_times && m == "transformer") op_times[m] = block_op_times(stack, 1, 4 * c.reps);  // next to the profile
       run_model(m, stack, c, rows, solves, bounds, profiles);
     } else {
@@ -451,6 +460,7 @@ int main(int argc, char** argv) {
   const nlohmann::json out = {{"benchmark", "planner"},
                               {"date", date},
                               {"threads", threads},
+                              {"precision", c.precision},
                               {"reps", c.reps},
                               {"mlp", {{"width", c.width}, {"hidden", c.hidden}, {"batch", c.batch}}},
                               {"transformer",

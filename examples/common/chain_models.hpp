@@ -9,7 +9,9 @@
 //    so a schedule may cut inside a block.
 // Each exposes `stages` (a std::vector<trainmem::Layer<B>>), `parameters`, and one
 // training step written against a ChainRunner (loss, backward, an SGD update), so
-// tests, the planner benchmark and the examples run the same models.
+// tests, the planner benchmark and the examples run the same models. `autocast` set to
+// bf16 or f16 runs the step's forward under autocast to it (F32 parameters, 16-bit
+// products: mixed precision); F32, the default, runs it in F32.
 #pragma once
 
 #include <cmath>
@@ -68,12 +70,18 @@ struct ResidualMlpChain {
     {
       tmem::Tape<B> tape;
       auto x = tape.input(input);
-      run.backward(tmem::mean(run(x)));
+      tmem::Var<B> loss;
+      {
+        tmem::amp::Autocast mixed(autocast, autocast != tmem::DType::F32);
+        loss = tmem::mean(run(x));
+      }
+      run.backward(loss);
     }
     sgd_update(params, lr);
   }
 
   std::int64_t batch_, width_;
+  tmem::DType autocast = tmem::DType::F32;  // bf16 or f16: the forward under autocast to it
   std::vector<tmem::nn::Linear<B>> up, down;
   std::vector<tmem::nn::LayerNorm<B>> norm;
   std::vector<tmem::Layer<B>> stages;
@@ -133,12 +141,18 @@ struct TransformerStack {
     {
       tmem::Tape<B> tape;
       auto x = tape.input(input);
-      run.backward(tmem::cross_entropy(run(x), labels));
+      tmem::Var<B> loss;
+      {
+        tmem::amp::Autocast mixed(autocast, autocast != tmem::DType::F32);
+        loss = tmem::cross_entropy(run(x), labels);
+      }
+      run.backward(loss);
     }
     sgd_update(params, lr);
   }
 
   std::int64_t batch_, tokens_, dim_;
+  tmem::DType autocast = tmem::DType::F32;  // bf16 or f16: the forward under autocast to it
   std::unique_ptr<tmem::nn::Embedding<B>> embed;
   tmem::Var<B> position;
   std::vector<std::unique_ptr<tmem::nn::TransformerBlock<B>>> block;

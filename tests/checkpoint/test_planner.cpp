@@ -287,6 +287,25 @@ TEST_CASE("predicted peaks are within 2% of the measured ones: transformer stack
   }
 }
 
+TEST_CASE("under bf16 autocast a plan predicts its peaks within 2% and its gradients are the plain step's bit for bit",
+          "[checkpoint][planner][amp]") {
+  examples::TransformerStack<B> stack(8, 32, 4, 64, 64, 8, 32, 7, true);
+  stack.autocast = DType::BF16;
+  check_predictions(stack);
+  Planner<B> planner(stack.stages, [&stack](const ChainRunner<B>& run) { stack.step(run); }, {1, {}});
+  const auto n = static_cast<std::int64_t>(stack.stages.size());
+  const auto reference = gradients(stack, ChainRunner<B>(stack.stages, {{0, n, StageMode::Keep}}));
+  const std::int64_t plain = planner.profile().plain_peak[1];
+  for (std::int64_t budget : {plain / 2, plain / 4, planner.smallest_budget(MemChannel::Saved)}) {
+    const CheckpointPlan<B> plan = planner.plan(Budget::saved_activations(budget));
+    INFO(plan.str());
+    CHECK(gradients(stack, plan.runner()) == reference);
+  }
+  // The recompute runs in bf16 as the forward did: the same schedule in F32 gives other gradients.
+  stack.autocast = DType::F32;
+  CHECK(gradients(stack, ChainRunner<B>(stack.stages, {{0, n, StageMode::Keep}})) != reference);
+}
+
 TEST_CASE("on the CPU Offload is never measured nor planned; an Offload region keeps as plain stages do",
           "[checkpoint][planner]") {
   examples::ResidualMlpChain<B> chain(8, 16, 64, 32);
