@@ -196,6 +196,32 @@ TEST_CASE("a planned step's gradients are bitwise those of the plain step", "[ch
   CHECK(gradients(chain, ChainRunner<B>(chain.stages, nested)) == reference);
 }
 
+TEST_CASE("a schedule that does not cover the chain in order is an Error naming the segment",
+          "[checkpoint][planner][errors]") {
+  examples::ResidualMlpChain<B> chain(6, 16, 64, 32);
+  Planner<B> planner(chain.stages, [&chain](const ChainRunner<B>& run) { chain.step(run); }, {1, {}});
+  const auto reference = gradients(chain, ChainRunner<B>(chain.stages, {{0, 6, StageMode::Keep}}));
+  using M = StageMode;
+  const std::vector<std::pair<std::vector<Segment>, std::string>> bad = {
+      {{{0, 3, M::Keep}}, "cover stages [0, 3) of 6"},                                  // stops short
+      {{{0, 3, M::Keep}, {4, 6, M::Recompute}}, "segment 1 covers stages [4, 6)"},      // a gap
+      {{{0, 4, M::Recompute}, {3, 6, M::Keep}}, "segment 1 covers stages [3, 6)"},      // an overlap
+      {{{0, 2, M::Keep}, {2, 2, M::Recompute}, {2, 6, M::Keep}}, "segment 1 covers"},   // an empty one
+      {{{0, 7, M::Recompute}}, "segment 0 covers stages [0, 7), expected a nonempty"},  // past the end
+      {{{1, 6, M::Keep}}, "expected a nonempty range from stage 0"},                    // not from 0
+      {{}, "cover stages [0, 0) of 6"}};                                                // nothing
+  for (const auto& [segments, message] : bad) {
+    INFO(message);
+    CHECK_THROWS_WITH(ChainRunner<B>(chain.stages, segments),
+                      Catch::Contains("ChainRunner") && Catch::Contains(message));
+    CHECK_THROWS_WITH(predict(planner.profile(), segments), Catch::Contains("predict") && Catch::Contains(message));
+    CHECK_THROWS_AS(planner.measure(segments), Error);
+  }
+  // Nothing ran: the model and the planner go on as before.
+  CHECK(gradients(chain, planner.plan(Budget::saved_activations(planner.profile().plain_peak[1] / 2)).runner()) ==
+        reference);
+}
+
 TEST_CASE(
     "a SaveAttention region keeps just attention's output and log-sum-exp, and its gradients are the plain "
     "step's bit for bit",

@@ -83,6 +83,22 @@ struct Segment {
   bool operator==(const Segment&) const = default;
 };
 
+namespace detail {
+/// Checks that `segments` cover stages [0, n) in order, each a nonempty range that starts
+/// where the one before it ended; `who` names the caller in the Error.
+inline void check_tiling(const char* who, std::int64_t n, const std::vector<Segment>& segments) {
+  std::int64_t next = 0;
+  for (std::size_t i = 0; i < segments.size(); ++i) {
+    const Segment& s = segments[i];
+    check(s.begin == next && s.end > s.begin && s.end <= n, who, ": segment ", i, " covers stages [", s.begin, ", ",
+          s.end, "), expected a nonempty range from stage ", next, " within the ", n,
+          " stages (the segments cover the stages in order, each starting where the one before it ended)");
+    next = s.end;
+  }
+  check(next == n, who, ": the segments cover stages [0, ", next, ") of ", n, "; they must cover every stage");
+}
+}  // namespace detail
+
 /// The two byte counts a budget may name: everything live on the device (pinned host
 /// copies of offloaded activations are not), or saved activations only.
 enum class MemChannel : std::uint8_t { Total = 0, Saved = 1 };
@@ -169,7 +185,9 @@ class ChainRunner {
  public:
   ChainRunner(const std::vector<Layer<B>>& stages, std::vector<Segment> segments,
               detail::ProfileRecorder* recorder = nullptr)
-      : stages_(&stages), segments_(std::move(segments)), recorder_(recorder) {}
+      : stages_(&stages), segments_(std::move(segments)), recorder_(recorder) {
+    detail::check_tiling("ChainRunner", static_cast<std::int64_t>(stages.size()), segments_);
+  }
 
   /// The stages on x, segment by segment (every mode but Keep runs as a region).
   Var<B> operator()(const Var<B>& x) const {

@@ -187,6 +187,7 @@ inline std::vector<Segment> split_keeps(const std::vector<Segment>& segments) {
 
 /// The model's peak (both channels) and time of a schedule.
 inline PlanPrediction predict(const ChainProfile& p, const std::vector<Segment>& schedule) {
+  detail::check_tiling("checkpoint planner: predict", p.size(), schedule);
   const std::vector<Segment> segs = split_keeps(schedule);
   for (const Segment& s : segs) {
     detail::check(p.measured[detail::at(detail::profiled(s.mode))], "checkpoint planner: the profile has no ",
