@@ -217,6 +217,20 @@ TEST_CASE("a schedule that does not cover the chain in order is an Error naming 
     CHECK_THROWS_WITH(predict(planner.profile(), segments), Catch::Contains("predict") && Catch::Contains(message));
     CHECK_THROWS_AS(planner.measure(segments), Error);
   }
+  // Solver settings it cannot use are refused before anything is profiled.
+  const auto planner_with = [&chain](SolverOptions solver) {
+    return Planner<B>(chain.stages, [&chain](const ChainRunner<B>& run) { chain.step(run); }, {1, solver});
+  };
+  SolverOptions no_buckets;
+  no_buckets.buckets = 0;
+  CHECK_THROWS_WITH(planner_with(no_buckets), Catch::Contains("SolverOptions::buckets must be at least 1, got 0"));
+  for (const double limit : {0.0, -1.0, std::nan("")}) {
+    SolverOptions o;
+    o.work_limit = limit;
+    CHECK_THROWS_WITH(planner_with(o), Catch::Contains("SolverOptions::work_limit must be a positive number"));
+    CHECK_THROWS_WITH(solve_chain(planner.profile(), MemChannel::Saved, planner.profile().plain_peak[1], o),
+                      Catch::Contains("SolverOptions::work_limit"));
+  }
   // Nothing ran: the model and the planner go on as before.
   CHECK(gradients(chain, planner.plan(Budget::saved_activations(planner.profile().plain_peak[1] / 2)).runner()) ==
         reference);

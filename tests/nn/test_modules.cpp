@@ -173,6 +173,9 @@ TEST_CASE("nn::Embedding is N(0, stddev), nn::LayerNorm starts as ones and zeros
     CHECK(out.mean == Approx(0.0).margin(1e-12));
     CHECK(out.variance == Approx(in.variance / (in.variance + 1e-5)).epsilon(1e-12));
   }
+  // eps is refused when the module is built, not at its first forward.
+  for (const double eps : {0.0, -1e-5, std::nan("")})
+    CHECK_THROWS_WITH(nn::LayerNorm<B>(5, eps), Catch::Contains("nn::LayerNorm: eps must be positive"));
 }
 
 TEST_CASE("TransformerBlock: output shape and forward against a plain-loop reference", "[nn][transformer]") {

@@ -152,7 +152,7 @@ class Planner {
           B& backend = B::default_instance())
       : stages_(&stages),
         step_(std::move(step)),
-        options_(options),
+        options_(checked(options)),
         backend_(&backend),
         profile_(profile_chain(stages, step_, backend, options.profile_reps)) {}
 
@@ -194,6 +194,12 @@ class Planner {
   StepMeasurement measure(const CheckpointPlan<B>& plan) const { return measure(plan.segments()); }
 
  private:
+  /// The options, refused before the profile runs if the solver could not use them.
+  static PlannerOptions checked(PlannerOptions options) {
+    detail::check_solver_options(options.solver);
+    return options;
+  }
+
   const std::vector<Layer<B>>* stages_;
   ChainStep<B> step_;
   PlannerOptions options_;

@@ -222,6 +222,15 @@ struct SolverOptions {
   bool allow_offload = true;  // where the profile measured it (ChainProfile::measured)
 };
 
+namespace detail {
+/// Refuses settings the solver cannot work with (it would otherwise clamp them silently).
+inline void check_solver_options(const SolverOptions& o) {
+  check(o.buckets >= 1, "checkpoint planner: SolverOptions::buckets must be at least 1, got ", o.buckets);
+  check(std::isfinite(o.work_limit) && o.work_limit > 0.0,
+        "checkpoint planner: SolverOptions::work_limit must be a positive number, got ", o.work_limit);
+}
+}  // namespace detail
+
 /// \brief A solver's answer.
 struct PlanSolution {
   bool feasible = false;
@@ -406,6 +415,7 @@ inline PlanSolution solve_once(const ChainProfile& p, int c, std::int64_t budget
 /// feasible when none is. The answer is always checked against `predict`.
 inline PlanSolution solve_chain(const ChainProfile& p, MemChannel channel, std::int64_t budget,
                                 const SolverOptions& options = {}) {
+  detail::check_solver_options(options);
   const int c = static_cast<int>(channel);
   // Buckets rounded to nearest first; if rounding let a schedule through that the exact
   // model rejects, once more with every segment's bytes rounded up (never lets one through).

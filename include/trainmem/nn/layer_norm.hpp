@@ -18,6 +18,7 @@ class LayerNorm : public Module<B> {
   explicit LayerNorm(std::int64_t dim, double eps = 1e-5, DType dtype = DType::F32, std::string name = "layer_norm")
       : Module<B>("LayerNorm", name), eps_(eps) {
     detail::check(dim > 0, "nn::LayerNorm: dim must be positive, got ", dim);
+    detail::check(eps > 0.0, "nn::LayerNorm: eps must be positive, got ", eps);
     Init init;
     gamma_ = this->register_parameter(
         "weight", init.parameter<B>(Shape{dim}, std::vector<double>(static_cast<std::size_t>(dim), 1.0), dtype,
