@@ -207,4 +207,29 @@ TEST_CASE("Optimizers: a training loop through the tape, and bad options", "[opt
   Tape<B> tape(be);
   const V not_a_leaf = scale(tape.input(T::zeros(Shape{2}, DType::F64, MemCategory::Temporary, be), true), 2.0);
   CHECK_THROWS_MATCHES(optim::SGD<B>({not_a_leaf}, {}), Error, ErrorContains("is not a parameter"));
+  CHECK_THROWS_MATCHES(optim::AdamW<B>({w}, {INFINITY, 0.9, 0.999, 1e-8, 0.0}), Error, ErrorContains("got lr inf"));
+  CHECK_THROWS_MATCHES(optim::SGD<B>({w}, {0.1, NAN}), Error, ErrorContains("momentum nan"));
+
+  // Options changed between steps through options() are checked by the next step, before
+  // anything moves: the weights stay as they were.
+  adam.zero_grad();
+  {
+    Tape<B> tape(be);
+    const V x = tape.input(T::from_host(Shape{32, 4}, x_values, DType::F64, MemCategory::Temporary, be));
+    tape.backward(mean(matmul(x, w)));
+  }
+  const auto before = w.value().to_host<double>();
+  for (const double lr : {static_cast<double>(NAN), static_cast<double>(INFINITY), -0.1}) {
+    adam.options().lr = lr;
+    CHECK_THROWS_MATCHES(adam.step(), Error, ErrorContains("AdamW::step: lr >= 0"));
+    CHECK(w.value().to_host<double>() == before);
+  }
+  adam.options().lr = 0.1;
+  adam.step();
+  CHECK(w.value().to_host<double>() != before);
+  optim::SGD<B> sgd({w}, {0.1});
+  sgd.options().weight_decay = -1.0;
+  const auto after = w.value().to_host<double>();
+  CHECK_THROWS_MATCHES(sgd.step(), Error, ErrorContains("SGD::step"));
+  CHECK(w.value().to_host<double>() == after);
 }

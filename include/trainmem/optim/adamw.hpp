@@ -7,6 +7,7 @@
 // state() saves m as "first_moment", v as "second_moment", the powers as "step_state".
 #pragma once
 
+#include <cmath>
 #include <map>
 #include <string>
 #include <utility>
@@ -62,6 +63,7 @@ class AdamW : public Optimizer<B> {
   void check_options_map(const std::map<std::string, double>& options) const override {
     validate(from_map(options), "AdamW::load_state");
   }
+  void check_options() const override { validate(options_, "AdamW::step"); }
   void load_options_map(const std::map<std::string, double>& options) override {
     options_ = from_map(options);
     factor_step_ = -1;  // the cached [beta1, beta2] factor belongs to the old step count
@@ -95,9 +97,11 @@ class AdamW : public Optimizer<B> {
 
  private:
   static void validate(const AdamWOptions& options, const char* who) {
-    detail::check(options.lr >= 0 && options.eps > 0 && options.weight_decay >= 0, who,
-                  ": lr >= 0, eps > 0 and "
-                  "weight_decay >= 0 are required");
+    const auto finite = [](double v) { return std::isfinite(v); };
+    detail::check(finite(options.lr) && options.lr >= 0 && finite(options.eps) && options.eps > 0 &&
+                      finite(options.weight_decay) && options.weight_decay >= 0,
+                  who, ": lr >= 0, eps > 0 and weight_decay >= 0, all finite, are required; got lr ", options.lr,
+                  ", eps ", options.eps, ", weight_decay ", options.weight_decay);
     detail::check(options.beta1 >= 0 && options.beta1 < 1 && options.beta2 >= 0 && options.beta2 < 1, who,
                   ": betas must be in [0, 1), got ", options.beta1, ", ", options.beta2);
   }

@@ -257,6 +257,8 @@ class Optimizer {
   virtual std::map<std::string, double> options_map() const = 0;
   /// Throws unless `options` (the keys options_map writes) are valid; changes nothing.
   virtual void check_options_map(const std::map<std::string, double>& options) const = 0;
+  /// Refuses the current options (options() hands them out to change between steps).
+  virtual void check_options() const = 0;
   /// Sets the options (checked) and forgets anything cached from the old state.
   virtual void load_options_map(const std::map<std::string, double>& options) = 0;
 
@@ -300,6 +302,7 @@ class Optimizer {
   void run_step(double grad_scale, const StepControl<B>& control) {
     NoGradGuard no_grad;
     // NOTE [All or nothing]: check and allocate everything, then update.
+    check_options();
     for (auto& e : entries_) {
       const Tensor<B>& grad = e.param.grad();
       if (!grad.defined()) continue;

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <array>
+#include <cmath>
 #include <map>
 #include <string>
 
@@ -62,6 +63,7 @@ class SGD : public Optimizer<B> {
   void check_options_map(const std::map<std::string, double>& options) const override {
     validate(from_map(options), "SGD::load_state");
   }
+  void check_options() const override { validate(options_, "SGD::step"); }
   void load_options_map(const std::map<std::string, double>& options) override { options_ = from_map(options); }
 
   void update(ParamGroupEntry<B>& e, const Tensor<B>& target, const Tensor<B>& grad, double grad_scale,
@@ -86,8 +88,12 @@ class SGD : public Optimizer<B> {
 
  private:
   static void validate(const SgdOptions& options, const char* who) {
-    detail::check(options.lr >= 0 && options.momentum >= 0 && options.weight_decay >= 0, who,
-                  ": lr, momentum and weight_decay must be non-negative");
+    const auto non_negative = [](double v) { return std::isfinite(v) && v >= 0; };
+    detail::check(non_negative(options.lr) && non_negative(options.momentum) && non_negative(options.weight_decay) &&
+                      std::isfinite(options.dampening),
+                  who, ": lr, momentum and weight_decay must be finite and non-negative, dampening finite; got lr ",
+                  options.lr, ", momentum ", options.momentum, ", weight_decay ", options.weight_decay, ", dampening ",
+                  options.dampening);
     detail::check(!options.nesterov || (options.momentum > 0 && options.dampening == 0), who,
                   ": Nesterov momentum needs momentum > 0 and zero dampening");
   }
