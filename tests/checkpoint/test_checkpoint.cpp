@@ -580,3 +580,42 @@ TEST_CASE("checkpoint_name on an earlier region's output keeps it without skippi
   CHECK(grads(true) == reference);
   CHECK(checkpoint_stats().ops_reused == reused_before);  // `h` was made outside the naming region: no op skipped
 }
+
+TEST_CASE("checkpoint_sequential owns its segments' layers: a temporary list is safe through backward",
+          "[checkpoint][sequential]") {
+  const Var<B> w = Var<B>::parameter(T::from_host(Shape{3, 3}, wave(9, 0.1)), "w");
+  const Var<B> layer_w = w;
+  const Layer<B> layer = [layer_w](const Var<B>& h) { return relu(matmul(h, layer_w)); };
+  const auto input = T::from_host(Shape{2, 3}, wave(6, 0.4));
+  const auto grad_of_w = [&](bool checkpointed) {
+    w.zero_grad();
+    Tape<B> tape;
+    const Var<B> x = tape.input(input);
+    // The list is a temporary: it is gone when backward replays the first segment.
+    const Var<B> y = checkpointed
+                         ? checkpoint_sequential<B>(tape, std::vector<Layer<B>>{layer, layer, layer, layer}, 2, x)
+                         : layer(layer(layer(layer(x))));
+    tape.backward(sum(y));
+    return w.grad().to_host<float>();
+  };
+  CHECK(grad_of_w(true) == grad_of_w(false));
+}
+
+TEST_CASE("a bf16 parameter passed to a region as an input recomputes as it ran: the plain step's gradients",
+          "[checkpoint][amp]") {
+  const Var<B> p = Var<B>::parameter(T::from_host(Shape{2, 3}, wave(6, 0.2), DType::BF16), "p");
+  const auto input = T::from_host(Shape{2, 3}, wave(6, 0.9));
+  const auto fn = [](const Var<B>& a, const Var<B>& w) {
+    const Var<B> m = mul(a, w);
+    return mul(m, m);
+  };
+  const auto grads = [&](bool checkpointed) {
+    p.zero_grad();
+    Tape<B> tape;
+    const Var<B> x = tape.input(input, true);
+    const Var<B> y = checkpointed ? checkpoint(tape, fn, x, p) : fn(x, p);
+    tape.backward(sum(y));
+    return std::pair{x.grad().to_host<float>(), p.grad().to_host<float>()};
+  };
+  CHECK(grads(true) == grads(false));
+}

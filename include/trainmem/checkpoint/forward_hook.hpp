@@ -56,6 +56,7 @@ class ForwardHook final : public SaveHook<B> {
         record_.inputs.push_back(SavedTensor<B>::keep(value, kCheckpointInputOp.name));
       }
       record_.input_requires_grad.push_back(in.requires_grad());
+      record_.input_is_parameter.push_back(in.tape() == nullptr);
       // An input the enclosing region turned into its own placeholder is not alive anyway:
       // saves of it here become this region's placeholders too (its recompute fills them
       // from the input it gets back), or they alone would keep it through the forward.

@@ -27,6 +27,7 @@ struct ForwardRecord {
 
   std::vector<SavedTensor<B>> inputs;  // saved through the enclosing context
   std::vector<bool> input_requires_grad;
+  std::vector<bool> input_is_parameter;  // on no tape: recompute gives it to the ops as a parameter
   KeptOutputs<B> kept;
   DeterminismRecord<B> saves;
   std::vector<SavedRef<B>> slots;  // one per placeholder

@@ -64,7 +64,9 @@ class RegionFrame final : public Unpacker<B> {
     for (std::size_t i = 0; i < record_.inputs.size(); ++i) {
       auto impl = std::make_shared<VarImpl<B>>();
       impl->value = record_.inputs[i].unpack();
-      tape_.adopt(*impl);
+      // A parameter input stays on no tape, so the ops take its cast from the cast cache
+      // and keep what they kept in forward (an adopted one would be cast as an activation).
+      if (!record_.input_is_parameter[i]) tape_.adopt(*impl);
       impl->requires_grad = record_.input_requires_grad[i];
       if (impl->requires_grad) impl->grad_slot = std::make_shared<GradSlot<B>>();
       inputs.emplace_back(std::move(impl));

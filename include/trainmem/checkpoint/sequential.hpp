@@ -36,9 +36,11 @@ Var<B> checkpoint_sequential(Tape<B>& tape, const std::vector<Layer<B>>& layers,
   std::int64_t begin = 0;
   for (std::int64_t s = 0; s < segments; ++s) {
     const std::int64_t end = begin + n / segments + (s < n % segments ? 1 : 0);
-    auto run = [&layers, begin, end](const Var<B>& input) {
+    // The region replays its segment in backward, after `layers` may be gone (a temporary
+    // list): it owns copies of its layers.
+    auto run = [segment = std::vector<Layer<B>>(layers.begin() + begin, layers.begin() + end)](const Var<B>& input) {
       Var<B> y = input;
-      for (std::int64_t i = begin; i < end; ++i) y = layers[static_cast<std::size_t>(i)](y);
+      for (const Layer<B>& layer : segment) y = layer(y);
       return y;
     };
     h = s + 1 < segments ? checkpoint(tape, options, run, h) : run(h);
