@@ -174,3 +174,12 @@ TEST_CASE("scaled_dot_product_attention: bad shapes are errors that name the op"
   CHECK_THROWS_MATCHES(scaled_dot_product_attention(k, q, q, true), Error,
                        testing::ErrorContains("a causal mask needs tq <= tk"));
 }
+
+TEST_CASE("scaled_dot_product_attention refuses a scale that is not finite", "[ops][attention][errors]") {
+  Tape<B> tape;
+  const V q = tape.input(T::from_host(Shape{1, 2, 4}, std::vector<double>(8, 0.5), DType::F64), true);
+  for (const double scale : {std::nan(""), std::numeric_limits<double>::infinity()})
+    CHECK_THROWS_MATCHES(scaled_dot_product_attention(q, q, q, false, scale), Error,
+                         testing::ErrorContains("scale must be finite"));
+  CHECK(std::isfinite(scaled_dot_product_attention(q, q, q, false, 0.25).value().to_host<double>()[0]));
+}

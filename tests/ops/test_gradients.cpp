@@ -670,3 +670,22 @@ TEST_CASE("gradcheck detects a deliberately wrong gradient", "[ops][grad][gradch
   CHECK_THAT(param_check.report(), Catch::Matchers::Contains("input 'p'"));
   CHECK(host(p.value()) == before);
 }
+
+TEST_CASE("feed_forward with only the second bias trainable: its gradient is the rows' sum of dy, chunked or not",
+          "[ops][grad][matmul]") {
+  for (const std::int64_t rows : {std::int64_t{3}, detail::kFeedForwardRowChunk + 5}) {
+    INFO("rows " << rows);
+    Tape<B> tape;
+    const auto values = [](std::int64_t n) {
+      std::vector<double> v(static_cast<std::size_t>(n));
+      for (std::size_t i = 0; i < v.size(); ++i) v[i] = std::sin(0.3 * static_cast<double>(i));
+      return v;
+    };
+    const V x = tape.input(T::from_host(Shape{rows, 3}, values(rows * 3), DType::F64));
+    const V w_up = tape.input(T::from_host(Shape{4, 3}, values(12), DType::F64));  // frozen
+    const V w_down = tape.input(T::from_host(Shape{3, 4}, values(12), DType::F64));
+    const V b_down = V::parameter(T::zeros(Shape{3}, DType::F64), "b_down");
+    tape.backward(sum(feed_forward(x, w_up, V(), w_down, b_down)));
+    CHECK(b_down.grad().to_host<double>() == std::vector<double>(3, static_cast<double>(rows)));
+  }
+}

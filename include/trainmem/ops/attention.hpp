@@ -36,6 +36,7 @@ Var<B> scaled_dot_product_attention(const Var<B>& q, const Var<B>& k, const Var<
                 ": expects q [n, tq, d] and k, v [n, tk, d], got q ", sq, ", k ", sk, ", v ", v.shape());
   detail::check(sk[1] > 0, op.name, ": no keys to attend to (k ", sk, ")");
   detail::check(!causal || sq[1] <= sk[1], op.name, ": a causal mask needs tq <= tk, got q ", sq, " and k ", sk);
+  detail::check(!scale || std::isfinite(*scale), op.name, ": scale must be finite, got ", scale.value_or(0.0));
   const AttentionSizes sizes{sq[0], sq[1], sk[1], sq[2], scale.value_or(1.0 / std::sqrt(static_cast<double>(sq[2]))),
                              causal};
 

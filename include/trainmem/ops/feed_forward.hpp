@@ -164,8 +164,9 @@ Var<B> feed_forward(const Var<B>& x, const Var<B>& w_up, const Var<B>& b_up, con
   const std::size_t n_inputs = inputs.size();
   return rec.finish(out[0], [=](const Grads<B>& g) {
     Grads<B> grads(n_inputs);
-    const Tensor<B> z = saved_z.unpack();
-    if (rows > detail::kFeedForwardRowChunk) {
+    // z is saved where a gradient reaches W_down or the first linear; db_down alone needs only dy.
+    const Tensor<B> z = (need_w_down || need_dz) ? saved_z.unpack() : Tensor<B>();
+    if (rows > detail::kFeedForwardRowChunk && z.defined()) {
       const detail::FeedForwardBackward<B> f{need_w_up ? saved_x.unpack().reshape(Shape{rows, dim}) : Tensor<B>(),
                                              z.reshape(Shape{rows, hidden}),
                                              need_x ? saved_w_up.unpack() : Tensor<B>(),
