@@ -231,6 +231,11 @@ TEST_CASE("a schedule that does not cover the chain in order is an Error naming 
     CHECK_THROWS_WITH(solve_chain(planner.profile(), MemChannel::Saved, planner.profile().plain_peak[1], o),
                       Catch::Contains("SolverOptions::work_limit"));
   }
+  // A budget of INT64_MAX ("no limit") plans as the largest budget does; one of INT64_MIN is refused.
+  const CheckpointPlan<B> unlimited = planner.plan(Budget::saved_activations(std::numeric_limits<std::int64_t>::max()));
+  CHECK(unlimited.segments() == planner.plan(Budget::saved_activations(std::int64_t{1} << 62)).segments());
+  CHECK_THROWS_WITH(planner.plan(Budget::whole_step(std::numeric_limits<std::int64_t>::min())),
+                    Catch::Contains("no schedule of the 6 stages fits"));
   // Nothing ran: the model and the planner go on as before.
   CHECK(gradients(chain, planner.plan(Budget::saved_activations(planner.profile().plain_peak[1] / 2)).runner()) ==
         reference);

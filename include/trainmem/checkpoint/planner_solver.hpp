@@ -416,6 +416,10 @@ inline PlanSolution solve_once(const ChainProfile& p, int c, std::int64_t budget
 inline PlanSolution solve_chain(const ChainProfile& p, MemChannel channel, std::int64_t budget,
                                 const SolverOptions& options = {}) {
   detail::check_solver_options(options);
+  // A budget beyond any device (INT64_MAX for "no limit") plans as 2^62 bytes, and one
+  // below -2^62 as that: the program's byte arithmetic stays in range.
+  constexpr std::int64_t kLargest = std::int64_t{1} << 62;
+  budget = std::clamp(budget, -kLargest, kLargest);
   const int c = static_cast<int>(channel);
   // Buckets rounded to nearest first; if rounding let a schedule through that the exact
   // model rejects, once more with every segment's bytes rounded up (never lets one through).
