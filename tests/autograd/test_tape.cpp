@@ -223,6 +223,7 @@ TEST_CASE("Vars from two tapes cannot be mixed", "[autograd][errors]") {
   const auto w = Var<B>::parameter(testing::random_tensor(Shape{3, 3}, 9, -1, 1, DType::F64, be), "W");
   CHECK_NOTHROW(matmul(a, w));
   CHECK_NOTHROW(matmul(b, w, true, false));
+  CHECK_THROWS_MATCHES(one.backward(w), Error, ErrorContains("backward: the root Var 'W' is on no tape"));
   // An op whose inputs are all off-tape cannot record.
   CHECK_THROWS_MATCHES(matmul(w, w), Error, ErrorContains("none of its inputs is on a tape"));
 }
@@ -359,4 +360,40 @@ TEST_CASE("Matmul-class ops reject mixed operand dtypes outside autocast", "[aut
   CHECK_THROWS_MATCHES(linear(a, w), Error, ErrorContains("outside autocast"));
   amp::Autocast autocast(DType::BF16);
   CHECK(linear(a, w).dtype() == DType::BF16);  // under autocast both are cast to bf16
+}
+
+TEST_CASE("a backward that fails part way marks the gradients it reached; optimizers refuse them until zero_grad",
+          "[autograd][errors]") {
+  B be;
+  const auto w1 = Var<B>::parameter(testing::random_tensor(Shape{3, 3}, 21, -1, 1, DType::F64, be), "w1");
+  const auto w2 = Var<B>::parameter(testing::random_tensor(Shape{3, 3}, 22, -1, 1, DType::F64, be), "w2");
+  const T input = testing::random_tensor(Shape{2, 3}, 23, -1, 1, DType::F64, be);
+  const auto micro_batch = [&](bool spoil) {
+    Tape<B> tape(be);
+    const T x_value = input.clone();
+    const auto loss = sum(matmul(matmul(tape.input(x_value), w1), w2));
+    if (spoil) x_value.copy_from(testing::random_tensor(Shape{2, 3}, 24, -1, 1, DType::F64, be));  // w1's saved x
+    tape.backward(loss);
+  };
+  micro_batch(false);
+  const auto w2_after_one = w2.grad().to_host<double>();
+  CHECK_FALSE(w2.grad_incomplete());
+  // The second micro-batch's backward adds w2's gradient, then finds w1's saved input changed.
+  CHECK_THROWS_AS(micro_batch(true), Error);
+  CHECK(w2.grad().to_host<double>() != w2_after_one);  // a partial sum: not undone
+  CHECK(w1.grad_incomplete());
+  CHECK(w2.grad_incomplete());
+  optim::SGD<B> sgd({w1, w2}, {0.1});
+  const auto w1_before = w1.value().to_host<double>(), w2_before = w2.value().to_host<double>();
+  CHECK_THROWS_MATCHES(sgd.step(), Error, ErrorContains("is from a backward that failed part way"));
+  CHECK(w1.value().to_host<double>() == w1_before);
+  CHECK(w2.value().to_host<double>() == w2_before);
+  // zero_grad clears the mark; the step's backward again, and the step runs.
+  sgd.zero_grad();
+  CHECK_FALSE(w1.grad_incomplete());
+  CHECK_FALSE(w2.grad_incomplete());
+  micro_batch(false);
+  CHECK(w2.grad().to_host<double>() == w2_after_one);
+  sgd.step();
+  CHECK(w2.value().to_host<double>() != w2_before);
 }

@@ -20,6 +20,14 @@
 // contributions are dropped there. A count that reaches zero runs the hook; the leaves
 // of nodes below where the walk stops run theirs at the end. Without hooks, none of
 // this costs more than one pass over the edges.
+//
+// NOTE [A backward that fails]
+// Leaves accumulate as the walk goes (their hooks may already have sent them), so a
+// backward that throws part way is not undone: a leaf it reaches may hold some of its
+// contributions and not others, and keeping copies to roll back would cost the size of
+// every gradient. Instead each leaf the root reaches is marked incomplete
+// (Var::grad_incomplete) until zero_grad or set_grad, and optimizers refuse to step on
+// it: a partial gradient is never applied by mistake.
 #pragma once
 
 #include <memory>
@@ -130,6 +138,8 @@ class Tape {
   void backward(const Var<B>& root, const Tensor<B>& seed = {}, bool retain_graph = false) {
     const VarImpl<B>& r = root.impl();
     r.checked_tape("backward");
+    detail::check(r.tape != nullptr, "backward: the root Var ", r.name.empty() ? "" : "'" + r.name + "' ",
+                  "is on no tape (a parameter or a constant): backward starts from a value computed on this tape");
     detail::check(r.tape == this, "backward: the root Var ", r.name.empty() ? "" : "'" + r.name + "' ",
                   "belongs to another tape");
     detail::check(r.requires_grad, "backward: the root ", r.value.shape(),
@@ -199,10 +209,12 @@ class Tape {
       }
     } catch (...) {
       drop_gradients();
+      mark_incomplete(start);
       throw;
     }
     if (waiting > 0) {
       drop_gradients();
+      mark_incomplete(start);
       detail::check(false, "backward: a gradient reached a node that is not on this tape");
     }
     ready.finish();
@@ -265,6 +277,19 @@ class Tape {
   /// A backward that stops early leaves no gradient behind in the tape's nodes.
   void drop_gradients() {
     for (const auto& node : nodes_) node->grad = Tensor<B>();
+  }
+  /// After a failed backward from `start`: every leaf it could reach holds a partial sum
+  /// (some contributions added, others not), which is not undone; the mark makes
+  /// optimizers refuse it until zero_grad.
+  void mark_incomplete(const Node<B>* start) {
+    std::unordered_set<const Node<B>*> reachable{start};
+    for (auto it = nodes_.rbegin(); it != nodes_.rend(); ++it) {
+      if (!reachable.contains(it->get())) continue;
+      for (const Edge<B>& edge : (*it)->inputs) {
+        if (edge.node != nullptr) reachable.insert(edge.node);
+        if (edge.leaf) edge.leaf->incomplete = true;
+      }
+    }
   }
 
   Tensor<B> add(const Tensor<B>& a, const Tensor<B>& b) {

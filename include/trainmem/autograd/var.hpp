@@ -133,10 +133,17 @@ class Var {
   void set_grad(Tensor<B> grad) const {
     detail::check(impl().grad_slot != nullptr, "Var::set_grad: '", impl().name, "' is not a leaf that requires grad");
     impl().grad_slot->grad = std::move(grad);
+    impl().grad_slot->incomplete = false;
   }
   void zero_grad() const {
-    if (impl().grad_slot) impl().grad_slot->grad = Tensor<B>();
+    if (!impl().grad_slot) return;
+    impl().grad_slot->grad = Tensor<B>();
+    impl().grad_slot->incomplete = false;
   }
+  /// Whether a backward that reached this leaf failed part way: its .grad then holds some
+  /// of that backward's contributions and not others. Optimizers refuse such a gradient;
+  /// zero_grad() (or set_grad) clears the mark.
+  bool grad_incomplete() const { return impl().grad_slot != nullptr && impl().grad_slot->incomplete; }
   /// `hook` runs during each backward that reaches this leaf, right after the last
   /// contribution to its .grad: from then on this backward does not touch the gradient
   /// again, so it may be read, sent or freed while backward goes on (data parallelism

@@ -306,6 +306,9 @@ class Optimizer {
     for (auto& e : entries_) {
       const Tensor<B>& grad = e.param.grad();
       if (!grad.defined()) continue;
+      detail::check(!e.param.grad_incomplete(), "optimizer: the gradient of '", e.param.name(),
+                    "' is from a backward that failed part way (it holds some of that backward's contributions); "
+                    "zero_grad() and run backward again");
       const Tensor<B>& target = e.master.defined() ? e.master : e.param.value();
       detail::check(grad.shape() == target.shape(), "optimizer: grad of '", e.param.name(), "' is ", grad.shape(),
                     ", parameter is ", target.shape());
