@@ -5,6 +5,8 @@
 // exists (constant gradients, Adam's first step) it is checked too.
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <string>
+#include <type_traits>
 #include <vector>
 
 #include "error_matchers.hpp"
@@ -232,4 +234,98 @@ TEST_CASE("Optimizers: a training loop through the tape, and bad options", "[opt
   const auto after = w.value().to_host<double>();
   CHECK_THROWS_MATCHES(sgd.step(), Error, ErrorContains("SGD::step"));
   CHECK(w.value().to_host<double>() == after);
+}
+
+TEST_CASE("Optimizers: tied parameters, a bad grad_scale and an integer gradient are refused before anything moves",
+          "[optim][errors]") {
+  B be;
+  static_assert(!std::is_copy_constructible_v<optim::AdamW<B>>, "a copy would share the moments");
+  const V w = parameter(be, kStart);
+  CHECK_THROWS_MATCHES(optim::SGD<B>({w, w}, {0.1}), Error, ErrorContains("share values"));
+  // Views of one storage: disjoint ones are separate parameters (ZeRO's shards), overlapping ones are not.
+  const T flat = T::from_host(Shape{6}, kStart, DType::F64, MemCategory::Parameter, be);
+  CHECK_NOTHROW(optim::SGD<B>({V::parameter(flat.slice(0, 3), "a"), V::parameter(flat.slice(3, 6), "b")}, {0.1}));
+  CHECK_THROWS_MATCHES(optim::SGD<B>({V::parameter(flat.slice(0, 4), "a"), V::parameter(flat.slice(3, 6), "b")}, {0.1}),
+                       Error, ErrorContains("parameters 0 ('a') and 1 ('b') share values"));
+
+  optim::AdamW<B> adam({w}, {});
+  set_grad(w, kGrads[0], be);
+  for (const double bad : {static_cast<double>(NAN), static_cast<double>(INFINITY), -1.0, 0.0}) {
+    CHECK_THROWS_MATCHES(adam.step(bad), Error, ErrorContains("grad_scale must be finite and > 0"));
+    CHECK(w.value().to_host<double>() == kStart);
+  }
+  CHECK(adam.steps() == 0);
+
+  // An i32 gradient on the second parameter: the first is not updated either.
+  const V first = parameter(be, kStart);
+  const V second = V::parameter(T::from_host(Shape{2}, std::vector<double>{1.0, 2.0}, DType::F32), "second");
+  optim::SGD<B> sgd({first, second}, {0.1});
+  set_grad(first, kGrads[0], be);
+  second.set_grad(T::from_host(Shape{2}, std::vector<double>{1.0, 1.0}, DType::I32));
+  CHECK_THROWS_MATCHES(sgd.step(), Error, ErrorContains("the gradient of 'second' is i32"));
+  CHECK(first.value().to_host<double>() == kStart);
+  CHECK(sgd.steps() == 0);
+}
+
+TEST_CASE("Optimizers: any non-zero found_inf cancels a step, and nothing of that step advances", "[optim][adamw]") {
+  // Two ranks' flags summed give 2; a NaN flag is not 0 either. The AdamW run with two
+  // cancelled steps between its clean ones must be torch's two-step AdamW.
+  B be;
+  const optim::AdamWOptions o{.lr = 0.01, .beta1 = 0.9, .beta2 = 0.99, .eps = 1e-8, .weight_decay = 0.1};
+  const V p = parameter(be, kStart);
+  optim::AdamW<B> adam({p}, o);
+  set_grad(p, kGrads[0], be);
+  adam.step();
+  set_grad(p, kGrads[1], be);
+  for (const double flag : {2.0, static_cast<double>(NAN)}) {
+    optim::StepControl<B> control;
+    control.found_inf = T::full(Shape{}, flag, DType::F32, MemCategory::Temporary, be);
+    adam.step(control);
+  }
+  adam.step();
+  const auto got = p.value().to_host<double>();
+  const auto expected = adamw_reference(o, 2);
+  for (std::size_t i = 0; i < got.size(); ++i) CHECK(got[i] == Approx(expected[i]).epsilon(1e-12).margin(1e-15));
+}
+
+TEST_CASE("Optimizers: load_state refuses a parameter's states in part and a misaligned rounding stream",
+          "[optim][state][errors]") {
+  B be;
+  const auto stepped_state = [&](optim::Optimizer<B>& optimizer, const V& p) {
+    set_grad(p, kGrads[0], be);
+    optimizer.step();
+    return optimizer.state();
+  };
+  const auto without = [](const StateDict& state, const std::string& dropped) {
+    StateDict out;
+    for (const auto& [name, entry] : state)
+      if (name != dropped) out.set(name, entry);
+    return out;
+  };
+  const V a = parameter(be, kStart);
+  optim::AdamW<B> adam({a}, {});
+  const StateDict adam_state = stepped_state(adam, a);
+  const V fresh = parameter(be, kStart);
+  optim::AdamW<B> loaded({fresh}, {});
+  loaded.load_state(adam_state);  // whole: loads
+  CHECK(loaded.entries()[0].second_moment.defined());
+  optim::AdamW<B> partial({parameter(be, kStart)}, {});
+  CHECK_THROWS_MATCHES(partial.load_state(without(adam_state, "params.p.second_moment")), Error,
+                       ErrorContains("'params.p.second_moment' is missing"));
+  CHECK_FALSE(partial.entries()[0].first_moment.defined());  // nothing loaded
+
+  const V s = parameter(be, kStart);
+  optim::SGD<B> sgd({s}, {.lr = 0.1, .momentum = 0.9});
+  const StateDict sgd_state = stepped_state(sgd, s);
+  optim::SGD<B> sgd_partial({parameter(be, kStart)}, {.lr = 0.1, .momentum = 0.9});
+  CHECK_THROWS_MATCHES(sgd_partial.load_state(without(sgd_state, "params.p.step_state")), Error,
+                       ErrorContains("'params.p.step_state' is missing"));
+  StateDict extra = sgd_state;
+  extra.set("params.p.unused", sgd_state.at("params.p.momentum_buffer"));
+  CHECK_THROWS_MATCHES(sgd_partial.load_state(extra), Error, ErrorContains("params.p.unused"));
+  StateDict misaligned = sgd_state;
+  misaligned.set_u64("copy_rounding.offset", 3);
+  CHECK_THROWS_MATCHES(sgd_partial.load_state(misaligned), Error,
+                       ErrorContains("copy_rounding.offset 3 is not a multiple of 4"));
+  CHECK_FALSE(sgd_partial.entries()[0].first_moment.defined());
 }

@@ -109,6 +109,13 @@ struct Identity {
     return x;
   }
 };
+/// 1 where x is 0, else 0 (NaN included): whether a step applies, from its found-inf flag.
+struct IsZero {
+  template <class T>
+  TRAINMEM_HOST_DEVICE T operator()(T x) const {
+    return x == T(0) ? T(1) : T(0);
+  }
+};
 struct Scale {
   double alpha;
   template <class T>

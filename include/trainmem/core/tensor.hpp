@@ -216,6 +216,11 @@ class Tensor {
   }
 
   bool same_storage(const Tensor& other) const { return storage_ == other.storage_; }
+  /// Whether the two share at least one byte (views of one storage that do not overlap do not).
+  bool overlaps(const Tensor& other) const {
+    return same_storage(other) && bytes() > 0 && other.bytes() > 0 && offset_ < other.offset_ + other.bytes() &&
+           other.offset_ < offset_ + bytes();
+  }
 
   /// \brief A handle that does not keep the bytes alive: `lock()` is the tensor while
   /// something else keeps its storage, undefined once nothing does.

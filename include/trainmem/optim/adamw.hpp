@@ -53,6 +53,7 @@ class AdamW : public Optimizer<B> {
 
  protected:
   std::int64_t step_state_size() const override { return 2; }  // [beta1^t, beta2^t]
+  std::array<bool, 3> kept_states() const override { return {true, true, true}; }
   std::map<std::string, double> options_map() const override {
     return {{"lr", options_.lr},
             {"beta1", options_.beta1},

@@ -14,7 +14,8 @@
 // read the flag. Whatever a skipped step must not advance is kept on the device too:
 // AdamW's bias corrections come from per-parameter [beta1^t, beta2^t] and SGD's
 // first-momentum-step test from a per-parameter step count, each advanced by a tiny
-// kernel by (1 - found_inf). Only the host counters `steps()` and `entry.steps` count
+// kernel by (found_inf == 0). Any non-zero flag cancels the step, e.g. two ranks' flags
+// summed, and then nothing advances. Only the host counters `steps()` and `entry.steps` count
 // launched passes, including those a device-side skip cancelled.
 //
 // `state()` / `load_state()` carry all of it across a restart, keyed by parameter name:
@@ -29,7 +30,10 @@
 // can simply be retried.
 #pragma once
 
+#include <algorithm>
 #include <array>
+#include <atomic>
+#include <cmath>
 #include <cstdint>
 #include <map>
 #include <set>
@@ -84,22 +88,36 @@ struct StepControl {
   /// f32 scalar: each gradient is divided by it inside the update pass, in f32 (the loss
   /// scale, when the gradients are still scaled). Never read on the host.
   Tensor<B> grad_divisor;
-  /// f32 scalar, 0 or 1: when 1 the pass leaves parameters, model copies and states
-  /// unchanged. Never read on the host.
+  /// f32 scalar: when non-zero (an inf or NaN was found) the pass leaves parameters,
+  /// model copies and states unchanged. Never read on the host.
   Tensor<B> found_inf;
 };
 
 template <class B>
 class Optimizer {
  public:
-  explicit Optimizer(std::vector<Var<B>> params) {
-    for (auto& p : params) {
+  explicit Optimizer(std::vector<Var<B>> params) : id_(next_id()) {
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      const Var<B>& p = params[i];
       detail::check(p.defined() && p.requires_grad() && p.is_leaf(), "optimizer: '", p.defined() ? p.name() : "",
                     "' is not a parameter (a leaf that requires grad)");
+      for (std::size_t j = 0; j < i; ++j)
+        detail::check(!params[j].value().overlaps(p.value()), "optimizer: parameters ", j, " ('", params[j].name(),
+                      "') and ", i, " ('", p.name(),
+                      "') share values; they would be updated twice a step (list a tied parameter once)");
       entries_.push_back({p, {}, {}, {}, {}, 0});
     }
   }
   virtual ~Optimizer() = default;
+  // A copy would share the moment tensors with the original and step them twice.
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+  Optimizer(Optimizer&&) = default;
+  Optimizer& operator=(Optimizer&&) = default;
+
+  /// Unique among the optimizers of this process (a loss scaler keys its records by it,
+  /// not by address, which a later optimizer may reuse).
+  std::uint64_t id() const { return id_; }
 
   void zero_grad() {
     for (auto& e : entries_) e.param.zero_grad();
@@ -107,6 +125,11 @@ class Optimizer {
   /// Gives parameter i an f32 (or f64) master copy that the optimizer updates; the
   /// parameter's own tensor becomes the model copy each update writes (amp::MasterWeights).
   void set_master(std::size_t i, Tensor<B> master) {
+    check_master(i, master);
+    entries_[i].master = std::move(master);
+  }
+  /// Throws unless set_master(i, master) would succeed; changes nothing.
+  void check_master(std::size_t i, const Tensor<B>& master) const {
     detail::check(i < entries_.size(), "optimizer::set_master: index ", i, " is out of range (", entries_.size(),
                   " parameters)");
     const ParamGroupEntry<B>& e = entries_[i];
@@ -115,9 +138,10 @@ class Optimizer {
                   "optimizer::set_master: the master of '", e.param.name(), "' ", e.param.shape(),
                   " must be a separate f32 or f64 tensor of that shape, got ",
                   master.defined() ? master.shape().str() + " " + std::string(name_of(master.dtype())) : "undefined");
-    detail::check(!e.first_moment.defined() && !e.second_moment.defined(), "optimizer::set_master: '", e.param.name(),
-                  "' already has optimizer state; set masters before the first step");
-    entries_[i].master = std::move(master);
+    detail::check(!e.first_moment.defined() && !e.second_moment.defined() && e.steps == 0, "optimizer::set_master: '",
+                  e.param.name(), "' has been stepped already; set masters before the first step");
+    detail::check(!e.master.defined(), "optimizer::set_master: '", e.param.name(),
+                  "' has a master already (from another amp::MasterWeights or amp::TrainStep)");
   }
   /// How update passes write 16-bit model copies; stochastic rounding draws from a
   /// Philox stream starting at (seed, 0), `numel` draws per parameter per launched pass
@@ -169,13 +193,23 @@ class Optimizer {
       const std::string p = "params." + e.param.name() + ".";
       const Tensor<B>& target = e.master.defined() ? e.master : e.param.value();
       expected[p + "steps"] = {StateType::I64, Shape{}};
-      // Moments and step state exist once a parameter has been stepped: optional, but
-      // when present they must fit.
-      for (const std::string& m : {std::string(moment_names()[0]), std::string(moment_names()[1])})
-        if (state.contains(p + m)) expected[p + m] = {state_type_of(target.dtype()), target.shape()};
-      if (state.contains(p + "step_state")) expected[p + "step_state"] = {StateType::F64, Shape{step_state_size()}};
+      // A parameter's states are made together at its first step: all of them or none.
+      const std::array<std::string, 3> keys = {p + moment_names()[0], p + moment_names()[1], p + "step_state"};
+      const std::array<bool, 3> kept = kept_states();
+      const bool any =
+          std::ranges::any_of(std::array{0, 1, 2}, [&](int k) { return kept[k] && state.contains(keys[k]); });
+      for (int k = 0; k < 3; ++k) {
+        if (!kept[k] || !any) continue;
+        detail::check(state.contains(keys[k]), "optimizer::load_state: '", keys[k],
+                      "' is missing; a parameter's states are saved together (all or none)");
+        expected[keys[k]] = k < 2 ? ExpectedEntry{state_type_of(target.dtype()), target.shape()}
+                                  : ExpectedEntry{StateType::F64, Shape{step_state_size()}};
+      }
     }
     check_layout(state, expected, "optimizer::load_state");
+    detail::check(state.get_u64("copy_rounding.offset") % 4 == 0, "optimizer::load_state: copy_rounding.offset ",
+                  state.get_u64("copy_rounding.offset"),
+                  " is not a multiple of 4 (streams start at whole Philox blocks)");
     const std::int64_t mode = state.get_i64("copy_rounding.mode");
     detail::check(mode == static_cast<std::int64_t>(RoundingMode::NearestEven) ||
                       mode == static_cast<std::int64_t>(RoundingMode::Stochastic),
@@ -202,7 +236,11 @@ class Optimizer {
   }
 
   /// One update of every parameter with a gradient; grads are multiplied by grad_scale first.
-  void step(double grad_scale = 1.0) { run_step(grad_scale, StepControl<B>{}); }
+  void step(double grad_scale = 1.0) {
+    detail::check(std::isfinite(grad_scale) && grad_scale > 0,
+                  "optimizer::step: grad_scale must be finite and > 0, got ", grad_scale);
+    run_step(grad_scale, StepControl<B>{});
+  }
   /// One update that the device can cancel or unscale: see StepControl.
   void step(const StepControl<B>& control) {
     if (control.grad_divisor.defined()) check_scalar(control.grad_divisor, "grad_divisor");
@@ -254,6 +292,8 @@ class Optimizer {
   // per-parameter step state, and the options as named numbers.
   virtual std::array<const char*, 2> moment_names() const { return {"first_moment", "second_moment"}; }
   virtual std::int64_t step_state_size() const = 0;
+  /// Which of {first moment, second moment, step state} prepare() makes for a parameter.
+  virtual std::array<bool, 3> kept_states() const = 0;
   virtual std::map<std::string, double> options_map() const = 0;
   /// Throws unless `options` (the keys options_map writes) are valid; changes nothing.
   virtual void check_options_map(const std::map<std::string, double>& options) const = 0;
@@ -309,6 +349,8 @@ class Optimizer {
       detail::check(!e.param.grad_incomplete(), "optimizer: the gradient of '", e.param.name(),
                     "' is from a backward that failed part way (it holds some of that backward's contributions); "
                     "zero_grad() and run backward again");
+      detail::check(is_floating(grad.dtype()), "optimizer: the gradient of '", e.param.name(), "' is ", grad.dtype(),
+                    "; gradients must be floating point");
       const Tensor<B>& target = e.master.defined() ? e.master : e.param.value();
       detail::check(grad.shape() == target.shape(), "optimizer: grad of '", e.param.name(), "' is ", grad.shape(),
                     ", parameter is ", target.shape());
@@ -353,7 +395,7 @@ class Optimizer {
     }
   }
 
-  /// applies_ = 1 - found_inf (or 1), on the parameters' backend, without a host read.
+  /// applies_ = (found_inf == 0) (or 1), on the parameters' backend, without a host read.
   void prepare_applies(const StepControl<B>& control) {
     if (entries_.empty()) return;
     B& backend = entries_.front().param.value().backend();
@@ -364,10 +406,16 @@ class Optimizer {
     }
     if (!flagged_applies_.defined())
       flagged_applies_ = Tensor<B>::empty(Shape{}, DType::F64, MemCategory::OptimizerState, backend);
-    backend.map(math::AddScaled{-1.0}, one_, control.found_inf, flagged_applies_);
+    backend.map(math::IsZero{}, control.found_inf, flagged_applies_);
     applies_ = flagged_applies_;
   }
 
+  static std::uint64_t next_id() {
+    static std::atomic<std::uint64_t> counter{0};
+    return ++counter;
+  }
+
+  std::uint64_t id_;
   RoundingMode rounding_mode_ = RoundingMode::NearestEven;
   Generator rounding_rng_{0};
   Tensor<B> one_, flagged_applies_, applies_;

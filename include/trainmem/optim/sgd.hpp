@@ -53,6 +53,7 @@ class SGD : public Optimizer<B> {
  protected:
   std::array<const char*, 2> moment_names() const override { return {"momentum_buffer", "unused"}; }
   std::int64_t step_state_size() const override { return 1; }  // [applied steps]
+  std::array<bool, 3> kept_states() const override { return {true, false, true}; }
   std::map<std::string, double> options_map() const override {
     return {{"lr", options_.lr},
             {"momentum", options_.momentum},
