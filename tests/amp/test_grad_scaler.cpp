@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,7 @@
 #include <trainmem/trainmem.hpp>
 
 #include "amp_reference.hpp"
+#include "error_matchers.hpp"
 #include "test_data.hpp"
 
 namespace tmem = trainmem;
@@ -427,4 +429,94 @@ TEST_CASE("scaler state saves and loads exactly, through a map and through text"
   auto incomplete = map;
   incomplete.erase("hysteresis_left");
   CHECK_THROWS_WITH(tmem::amp::GradScalerState::from_map(incomplete), Catch::Contains("hysteresis_left"));
+}
+
+TEST_CASE("unscale_ and step refuse what the optimizer would refuse, before any gradient changes",
+          "[amp][grad_scaler][errors]") {
+  using tmem::testing::ErrorContains;
+  B be;
+  auto param = [&](const char* name) {
+    return tmem::Var<B>::parameter(tmem::testing::random_tensor<B>(tmem::Shape{3, 3}, 31, -1.0, 1.0, DType::F32, be),
+                                   name);
+  };
+  // An integer gradient on the second parameter: the first stays scaled.
+  const auto a = param("a"), b = param("b");
+  tmem::optim::SGD<B> sgd({a, b}, {.lr = 0.1});
+  tmem::amp::GradScaler<B> scaler({.init_scale = 4.0});
+  a.set_grad(tmem::Tensor<B>::full(tmem::Shape{3, 3}, 4.0, DType::F16, tmem::MemCategory::Gradient, be));
+  b.set_grad(tmem::Tensor<B>::zeros(tmem::Shape{3, 3}, DType::I32, tmem::MemCategory::Gradient, be));
+  CHECK_THROWS_MATCHES(scaler.unscale_(sgd), tmem::Error,
+                       ErrorContains("GradScaler::unscale_: the gradient of 'b' is i32"));
+  CHECK(a.grad().dtype() == DType::F16);
+  CHECK(a.grad().to_host<double>() == std::vector<double>(9, 4.0));
+  CHECK_THROWS_MATCHES(scaler.step(sgd), tmem::Error, ErrorContains("GradScaler::step: the gradient of 'b' is i32"));
+
+  // A backward that failed part way: unscale_ would otherwise replace the partial
+  // gradients (set_grad keeps the mark, so the optimizer would refuse them too).
+  const auto w1 = param("w1"), w2 = param("w2");
+  tmem::optim::SGD<B> both({w1, w2}, {.lr = 0.1});
+  const auto input = tmem::testing::random_tensor<B>(tmem::Shape{2, 3}, 32, -1.0, 1.0, DType::F32, be);
+  auto micro_batch = [&](bool spoil) {
+    tmem::Tape<B> tape(be);
+    const auto x = input.clone();
+    const auto loss = scaler.scale(tmem::sum(tmem::matmul(tmem::matmul(tape.input(x), w1), w2)));
+    if (spoil) x.copy_from(tmem::testing::random_tensor<B>(tmem::Shape{2, 3}, 33, -1.0, 1.0, DType::F32, be));
+    tape.backward(loss);
+  };
+  micro_batch(false);
+  CHECK_THROWS_AS(micro_batch(true), tmem::Error);
+  const auto w2_partial = w2.grad().to_host<double>();
+  for (int use_unscale = 0; use_unscale < 2; ++use_unscale) {
+    CHECK_THROWS_MATCHES(use_unscale ? scaler.unscale_(both) : static_cast<void>(scaler.step(both)), tmem::Error,
+                         ErrorContains("is from a backward that failed part way"));
+    CHECK(w2.grad().to_host<double>() == w2_partial);
+  }
+  w2.set_grad(w2.grad().clone(tmem::MemCategory::Gradient));
+  CHECK(w2.grad_incomplete());  // set_grad keeps the mark; only zero_grad clears it
+  both.zero_grad();
+  micro_batch(false);
+  scaler.unscale_(both);
+  CHECK(scaler.step(both));
+}
+
+TEST_CASE("a new optimizer at a destroyed one's address gets its own scaler record", "[amp][grad_scaler]") {
+  B be;
+  const auto w = tmem::Var<B>::parameter(tmem::Tensor<B>::from_host(tmem::Shape{1}, std::vector<double>{1.0}), "w");
+  tmem::amp::GradScaler<B> scaler({.init_scale = 2.0});
+  std::optional<tmem::optim::SGD<B>> sgd;
+  sgd.emplace(std::vector<tmem::Var<B>>{w}, tmem::optim::SgdOptions{.lr = 1.0});
+  const auto* address = &*sgd;
+  w.set_grad(tmem::Tensor<B>::from_host(tmem::Shape{1}, std::vector<double>{2.0}));
+  CHECK(scaler.step(*sgd));  // stepped, no update() yet
+  sgd.emplace(std::vector<tmem::Var<B>>{w}, tmem::optim::SgdOptions{.lr = 1.0});
+  REQUIRE(&*sgd == address);
+  w.set_grad(tmem::Tensor<B>::from_host(tmem::Shape{1}, std::vector<double>{2.0}));
+  CHECK(scaler.step(*sgd));  // not "already called": another optimizer
+  scaler.update();
+  CHECK(w.value().to_host<double>() == std::vector<double>{-1.0});  // 1 - 2/2 - 2/2
+}
+
+TEST_CASE("scaler settings and loaded states that contradict each other are refused", "[amp][grad_scaler][errors]") {
+  using tmem::testing::ErrorContains;
+  CHECK_THROWS_MATCHES(tmem::amp::GradScaler<B>({.max_scale = 1024.0}), tmem::Error,
+                       ErrorContains("init_scale 65536 is outside [min_scale, max_scale]"));
+  CHECK_THROWS_MATCHES(tmem::amp::GradScaler<B>({.init_scale = 1.0, .min_scale = 1024.0}), tmem::Error,
+                       ErrorContains("init_scale 1 is outside"));
+  tmem::amp::GradScaler<B> scaler({.growth_interval = 100, .hysteresis = 2});
+  const tmem::amp::GradScalerState good = scaler.state();
+  auto refused = [&](auto change, const char* message) {
+    tmem::amp::GradScalerState bad = good;
+    change(bad);
+    CHECK_THROWS_MATCHES(scaler.load_state(bad), tmem::Error, ErrorContains(message));
+    CHECK_THROWS_MATCHES(tmem::amp::GradScalerState::from_map(bad.to_map()), tmem::Error, ErrorContains(message));
+    CHECK(scaler.state() == good);
+  };
+  refused([](auto& s) { s.hysteresis_left = 3; }, "hysteresis_left 3 must be in [1, hysteresis = 2]");
+  refused([](auto& s) { s.growth_tracker = 100; }, "_growth_tracker 100 must be in [0, growth_interval = 100)");
+  refused([](auto& s) { s.options.max_scale = 16.0; }, "scale 65536 is outside [min_scale, max_scale]");
+  // A bound that f32 cannot hold: the scale is kept in f32, so it is compared in f32.
+  tmem::amp::GradScaler<B> odd({.init_scale = 1000.3, .max_scale = 1000.3});
+  tmem::amp::GradScaler<B> reloaded;
+  reloaded.load_state(odd.state());
+  CHECK(reloaded.get_scale() == odd.get_scale());
 }

@@ -16,6 +16,7 @@
 #include <trainmem/trainmem.hpp>
 
 #include "amp_reference.hpp"
+#include "error_matchers.hpp"
 #include "philox_reference.hpp"
 
 namespace tmem = trainmem;
@@ -176,4 +177,41 @@ TEST_CASE("stochastic rounding of the bf16 copy: unbiased, counter-based, reprod
 
   auto w16 = parameter({1.0});
   CHECK_THROWS_AS(tmem::amp::MasterWeights<B>({w16}, {DType::F16, tmem::RoundingMode::Stochastic, 0}), tmem::Error);
+}
+
+TEST_CASE("MasterWeights and attach check everything before they change a parameter or an optimizer",
+          "[amp][master][errors]") {
+  using tmem::testing::ErrorContains;
+  B backend;
+  auto named = [&](std::vector<double> values, DType dtype, const char* name) {
+    const auto n = static_cast<std::int64_t>(values.size());
+    return tmem::Var<B>::parameter(
+        tmem::Tensor<B>::from_host(tmem::Shape{n}, values, dtype, tmem::MemCategory::Parameter, backend), name);
+  };
+  // The second parameter is f64: the first keeps its f32 value and its gradient.
+  const auto a = named({1.1, 2.2}, DType::F32, "a"), b = named({3.0}, DType::F64, "b");
+  set_constant_grad(a, 1.0, DType::F32);
+  CHECK_THROWS_MATCHES(tmem::amp::MasterWeights<B>({a, b}), tmem::Error, ErrorContains("'b' is f64"));
+  CHECK(a.dtype() == DType::F32);
+  CHECK(a.value().to_host<double>() ==
+        tmem::Tensor<B>::from_host(tmem::Shape{2}, std::vector<double>{1.1, 2.2}).to_host<double>());
+  CHECK(a.grad().defined());
+  CHECK_THROWS_MATCHES(tmem::amp::MasterWeights<B>({a, a}), tmem::Error, ErrorContains("share values"));
+  CHECK(a.dtype() == DType::F32);
+
+  // attach: the second parameter was stepped already, so neither gets a master.
+  const auto c = named({1.0, 2.0}, DType::F32, "c"), d = named({3.0}, DType::F32, "d");
+  tmem::optim::SGD<B> sgd({c, d}, {.lr = 0.1});
+  set_constant_grad(d, 1.0, DType::F32);
+  sgd.step();
+  tmem::amp::MasterWeights<B> masters({c, d});
+  CHECK_THROWS_MATCHES(masters.attach(sgd), tmem::Error, ErrorContains("'d' has been stepped already"));
+  CHECK_FALSE(sgd.entries()[0].master.defined());
+  CHECK_FALSE(sgd.entries()[1].master.defined());
+  // And a second set of masters over the same optimizer is refused, not swapped in.
+  tmem::optim::SGD<B> fresh({c}, {.lr = 0.1});
+  masters.attach(fresh);
+  tmem::amp::MasterWeights<B> again({c});
+  CHECK_THROWS_MATCHES(again.attach(fresh), tmem::Error, ErrorContains("'c' has a master already"));
+  CHECK(fresh.entries()[0].master.same_storage(masters.master(0)));
 }

@@ -214,3 +214,32 @@ TEST_CASE("TrainStep: a precision other than f32, bf16 or f16 is refused", "[amp
                        tmem::testing::ErrorContains("amp::TrainStep: the precision must be f32, bf16 or f16, got f64"));
   for (const auto& p : model.params()) CHECK(p.dtype() == DType::F32);  // nothing was converted
 }
+
+TEST_CASE("TrainStep: a second one over the same optimizer, or one after a step, changes nothing",
+          "[amp][train_step][errors]") {
+  Model model;
+  tmem::optim::AdamW<B> optimizer(model.params(), {.lr = 0.01});
+  tmem::amp::TrainStep<B> train(optimizer, {.precision = DType::BF16});
+  tmem::Tape<B> tape;
+  REQUIRE(train.run([&] { return model.loss(tape); }).stepped);
+  const auto masters = bits(train.master_weights()->masters());
+  const auto copies = bits(model.params());
+  CHECK_THROWS_MATCHES(tmem::amp::TrainStep<B>(optimizer, {.precision = DType::BF16}), tmem::Error,
+                       tmem::testing::ErrorContains("'w1' has a master already"));
+  CHECK(bits(train.master_weights()->masters()) == masters);  // not replaced by bf16-rounded ones
+  CHECK(bits(model.params()) == copies);
+  for (std::size_t i = 0; i < optimizer.entries().size(); ++i)
+    CHECK(optimizer.entries()[i].master.same_storage(train.master_weights()->master(i)));
+
+  // An f32 optimizer that has stepped: its parameters stay f32.
+  Model other;
+  tmem::optim::SGD<B> stepped(other.params(), {.lr = 0.1});
+  {
+    tmem::Tape<B> tape;
+    tape.backward(other.loss(tape));
+  }
+  stepped.step();
+  CHECK_THROWS_MATCHES(tmem::amp::TrainStep<B>(stepped, {.precision = DType::F16}), tmem::Error,
+                       tmem::testing::ErrorContains("'w1' has been stepped already"));
+  for (const auto& p : other.params()) CHECK(p.dtype() == DType::F32);
+}

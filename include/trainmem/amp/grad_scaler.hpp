@@ -81,13 +81,14 @@ class GradScaler {
     detail::check(record.stage != Stage::Unscaled,
                   "GradScaler::unscale_: already called on this optimizer since the last update()");
     detail::check(record.stage != Stage::Stepped, "GradScaler::unscale_: called after step(); call update() first");
-    std::vector<Tensor<B>> grads;
-    for (auto& e : optimizer.entries()) {
-      const Tensor<B>& grad = e.param.grad();
-      if (!grad.defined()) continue;
-      if (is_16bit(grad.dtype())) e.param.set_grad(grad.to(DType::F32, MemCategory::Gradient));
-      grads.push_back(e.param.grad());
-    }
+    // Every check and f32 copy first, then the replacements: on an error nothing changed.
+    std::vector<Tensor<B>> grads = checked_grads(optimizer, "unscale_");
+    require_grads(grads);
+    for (Tensor<B>& g : grads)
+      if (is_16bit(g.dtype())) g = g.to(DType::F32, MemCategory::Gradient);
+    std::size_t next = 0;
+    for (auto& e : optimizer.entries())
+      if (e.param.grad().defined()) e.param.set_grad(grads[next++]);
     check_grads(grads, scale_, record);
     for (const Tensor<B>& g : grads) g.bump_version();
     record.stage = Stage::Unscaled;
@@ -158,7 +159,7 @@ class GradScaler {
   const Tensor<B>& scale_tensor() const { return scale_; }
   /// `optimizer`'s found-inf flag of the current step (f32 scalar; undefined before its first check).
   Tensor<B> found_inf(const optim::Optimizer<B>& optimizer) const {
-    auto it = records_.find(&optimizer);
+    auto it = records_.find(optimizer.id());
     return it == records_.end() ? Tensor<B>() : it->second.found_inf;
   }
 
@@ -177,11 +178,7 @@ class GradScaler {
   void load_state(const GradScalerState& state) {
     if (!enabled_) return;
     detail::check(state.options.enabled, "GradScaler::load_state: the state was saved from a disabled scaler");
-    state.options.validate("GradScaler::load_state");
-    GradScalerOptions::check_scale("GradScaler::load_state", "scale", state.scale);
-    detail::check(state.growth_tracker >= 0 && state.hysteresis_left >= 1,
-                  "GradScaler::load_state: need growth_tracker >= 0 and hysteresis_left >= 1, got ",
-                  state.growth_tracker, ", ", state.hysteresis_left);
+    state.validate("GradScaler::load_state");
     options_ = state.options;
     options_.init_scale = state.scale;
     scale_.copy_from(scalar(DType::F32, state.scale));
@@ -208,11 +205,27 @@ class GradScaler {
   }
 
   Record& record_of(const optim::Optimizer<B>& optimizer) {
-    Record& record = records_[&optimizer];
+    Record& record = records_[optimizer.id()];
     if (!record.found_inf.defined()) record.found_inf = scalar(DType::F32, 0.0);
     return record;
   }
 
+  /// The optimizer's defined gradients; throws, as its step would, on a gradient that is
+  /// not floating point or that a failed backward left incomplete.
+  static std::vector<Tensor<B>> checked_grads(const optim::Optimizer<B>& optimizer, const char* who) {
+    std::vector<Tensor<B>> grads;
+    for (const auto& e : optimizer.entries()) {
+      const Tensor<B>& grad = e.param.grad();
+      if (!grad.defined()) continue;
+      detail::check(!e.param.grad_incomplete(), "GradScaler::", who, ": the gradient of '", e.param.name(),
+                    "' is from a backward that failed part way (it holds some of that backward's "
+                    "contributions); zero_grad() and run backward again");
+      detail::check(is_floating(grad.dtype()), "GradScaler::", who, ": the gradient of '", e.param.name(), "' is ",
+                    grad.dtype(), "; gradients must be floating point");
+      grads.push_back(grad);
+    }
+    return grads;
+  }
   static void require_grads(std::span<const Tensor<B>> grads) {
     detail::check(!grads.empty(),
                   "GradScaler: no parameter of the optimizer has a gradient (run backward on "
@@ -233,9 +246,7 @@ class GradScaler {
     optim::StepControl<B> control;
     control.found_inf = record.found_inf;
     if (record.stage == Stage::Ready) {  // grads still scaled: check them, divide inside the update
-      std::vector<Tensor<B>> grads;
-      for (const auto& e : optimizer.entries())
-        if (e.param.grad().defined()) grads.push_back(e.param.grad());
+      std::vector<Tensor<B>> grads = checked_grads(optimizer, "step");
       if (!one_.defined()) one_ = scalar(DType::F32, 1.0);
       require_grads(grads);
       grads.push_back(scale_);  // an inf or NaN scale (written through scale_tensor()) skips the step too
@@ -249,7 +260,7 @@ class GradScaler {
   B* backend_;
   bool enabled_ = false;
   Tensor<B> scale_, growth_tracker_, hysteresis_left_, one_;
-  std::unordered_map<const optim::Optimizer<B>*, Record> records_;
+  std::unordered_map<std::uint64_t, Record> records_;  // by Optimizer::id()
 };
 
 }  // namespace trainmem::amp

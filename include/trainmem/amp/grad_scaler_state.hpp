@@ -45,6 +45,8 @@ struct GradScalerOptions {
     check_scale(who, "max_scale", max_scale);
     detail::check(min_scale <= max_scale, who, ": need min_scale <= max_scale, got min_scale ", min_scale,
                   ", max_scale ", max_scale);
+    detail::check(init_scale >= min_scale && init_scale <= max_scale, who, ": init_scale ", init_scale,
+                  " is outside [min_scale, max_scale] = [", min_scale, ", ", max_scale, "]");
   }
 
   /// A loss scale must be a normal f32: in [2^-126, f32 max] (0, subnormals and inf are not).
@@ -107,14 +109,26 @@ struct GradScalerState {
     state.options.hysteresis = get_int("hysteresis");
     state.options.enabled = get("enabled") != 0.0;
     state.options.scale_bf16 = get("scale_bf16") != 0.0;
-    GradScalerOptions::check_scale("GradScalerState::from_map", "scale", state.scale);
-    state.options.init_scale = state.scale;
-    state.options.validate("GradScalerState::from_map");
-    detail::check(state.growth_tracker >= 0 && state.hysteresis_left >= 1,
-                  "GradScalerState::from_map: need "
-                  "_growth_tracker >= 0 and hysteresis_left >= 1, got ",
-                  state.growth_tracker, " and ", state.hysteresis_left);
+    state.validate("GradScalerState::from_map");
     return state;
+  }
+
+  /// Throws unless the settings are valid and the scale and counters are ones a scaler
+  /// with them can reach: scale in [min_scale, max_scale] (as f32, the scale's dtype),
+  /// growth_tracker in [0, growth_interval), hysteresis_left in [1, hysteresis].
+  void validate(const char* who) const {
+    GradScalerOptions::check_scale(who, "scale", scale);
+    GradScalerOptions checked = options;
+    checked.init_scale = options.min_scale;  // the scale takes init_scale's place
+    checked.validate(who);
+    const float as_f32 = static_cast<float>(scale);
+    detail::check(as_f32 >= static_cast<float>(options.min_scale) && as_f32 <= static_cast<float>(options.max_scale),
+                  who, ": scale ", scale, " is outside [min_scale, max_scale] = [", options.min_scale, ", ",
+                  options.max_scale, "]");
+    detail::check(growth_tracker >= 0 && growth_tracker < options.growth_interval, who, ": _growth_tracker ",
+                  growth_tracker, " must be in [0, growth_interval = ", options.growth_interval, ")");
+    detail::check(hysteresis_left >= 1 && hysteresis_left <= options.hysteresis, who, ": hysteresis_left ",
+                  hysteresis_left, " must be in [1, hysteresis = ", options.hysteresis, "]");
   }
 
   /// "key=value" lines in key order.

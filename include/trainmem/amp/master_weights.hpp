@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "trainmem/core/math.hpp"
@@ -40,7 +41,8 @@ class MasterWeights {
  public:
   /// Takes the parameters (f32, or already 16-bit): f32 values become the masters and
   /// the parameters are narrowed to `options.model_dtype`; 16-bit values are widened
-  /// into new masters. Gradients the parameters hold are dropped.
+  /// into new masters. Gradients the parameters hold are dropped. Every check and every
+  /// new tensor comes first: when one fails, no parameter has changed.
   explicit MasterWeights(std::vector<Var<B>> params, MasterWeightsOptions options = {})
       : params_(std::move(params)), options_(options) {
     detail::check(is_16bit(options.model_dtype), "amp::MasterWeights: the model dtype must be f16 or bf16, got ",
@@ -48,41 +50,51 @@ class MasterWeights {
     detail::check(options.rounding != RoundingMode::Stochastic || options.model_dtype == DType::BF16,
                   "amp::MasterWeights: stochastic rounding writes bf16 model copies, the model dtype is ",
                   options.model_dtype);
-    masters_.reserve(params_.size());
-    for (const Var<B>& p : params_) {
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      const Var<B>& p = params_[i];
       detail::check(p.defined() && p.requires_grad() && p.is_leaf() && p.tape() == nullptr, "amp::MasterWeights: '",
                     p.defined() ? p.name() : "", "' is not a parameter");
-      const Tensor<B> value = p.value();
-      detail::check(value.dtype() == DType::F32 || value.dtype() == options.model_dtype, "amp::MasterWeights: '",
-                    p.name(), "' is ", value.dtype(), "; expected f32 or the model dtype ", options.model_dtype);
-      Tensor<B> master;
-      if (value.dtype() == DType::F32) {
-        master = value;
-        master.storage()->retag(MemCategory::MasterWeight);
-        p.impl().value = master.to(options.model_dtype, MemCategory::Parameter);
+      detail::check(p.dtype() == DType::F32 || p.dtype() == options.model_dtype, "amp::MasterWeights: '", p.name(),
+                    "' is ", p.dtype(), "; expected f32 or the model dtype ", options.model_dtype);
+      for (std::size_t j = 0; j < i; ++j)
+        detail::check(!params_[j].value().overlaps(p.value()), "amp::MasterWeights: parameters ", j, " ('",
+                      params_[j].name(), "') and ", i, " ('", p.name(), "') share values; list a tied parameter once");
+    }
+    // f32 values stay as the masters and get 16-bit model copies; 16-bit ones get f32 masters.
+    std::vector<Tensor<B>> made;
+    made.reserve(params_.size());
+    for (const Var<B>& p : params_)
+      made.push_back(p.value().to(p.dtype() == DType::F32 ? options.model_dtype : DType::F32,
+                                  p.dtype() == DType::F32 ? MemCategory::Parameter : MemCategory::MasterWeight));
+    masters_.reserve(params_.size());
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      const Var<B>& p = params_[i];
+      if (p.dtype() == DType::F32) {
+        masters_.push_back(p.value());
+        masters_.back().storage()->retag(MemCategory::MasterWeight);
+        p.impl().value = std::move(made[i]);
       } else {
-        master = value.to(DType::F32, MemCategory::MasterWeight);
+        masters_.push_back(std::move(made[i]));
       }
       p.zero_grad();
-      masters_.push_back(std::move(master));
     }
   }
 
   /// Makes `optimizer` update these masters (every optimizer parameter that is one of
-  /// ours) and write the model copies with the configured rounding. Before its first step.
+  /// ours) and write the model copies with the configured rounding. Before its first
+  /// step; all or nothing.
   void attach(optim::Optimizer<B>& optimizer) const {
-    auto& entries = optimizer.entries();
-    std::size_t attached = 0;
-    for (std::size_t i = 0; i < entries.size(); ++i) {
-      for (std::size_t j = 0; j < params_.size(); ++j) {
+    const auto& entries = optimizer.entries();
+    std::vector<std::pair<std::size_t, std::size_t>> matches;  // (entry, master)
+    for (std::size_t i = 0; i < entries.size(); ++i)
+      for (std::size_t j = 0; j < params_.size(); ++j)
         if (entries[i].param.handle() == params_[j].handle()) {
-          optimizer.set_master(i, masters_[j]);
-          ++attached;
+          optimizer.check_master(i, masters_[j]);
+          matches.emplace_back(i, j);
           break;
         }
-      }
-    }
-    detail::check(attached > 0, "amp::MasterWeights::attach: the optimizer updates none of these parameters");
+    detail::check(!matches.empty(), "amp::MasterWeights::attach: the optimizer updates none of these parameters");
+    for (const auto& [i, j] : matches) optimizer.set_master(i, masters_[j]);
     optimizer.set_copy_rounding(options_.rounding, options_.seed);
   }
 

@@ -59,7 +59,8 @@ class TrainStep {
  public:
   /// Sets up `optimizer`'s parameters for `options.precision`: under bf16 / f16 with
   /// master weights they become 16-bit copies of f32 masters the optimizer updates.
-  /// Before the optimizer's first step.
+  /// Before the optimizer's first step, and one TrainStep per optimizer; otherwise it
+  /// throws before any parameter changes.
   explicit TrainStep(optim::Optimizer<B>& optimizer, TrainStepOptions options = {}, B& backend = B::default_instance())
       : optimizer_(&optimizer),
         options_(checked(options)),
@@ -67,7 +68,14 @@ class TrainStep {
         scaler_(options_.precision, options_.scaler, backend) {
     if (!is_16bit(options_.precision) || !options_.master_weights) return;
     std::vector<Var<B>> params;
-    for (const auto& entry : optimizer.entries()) params.push_back(entry.param);
+    for (const auto& entry : optimizer.entries()) {
+      trainmem::detail::check(!entry.master.defined(), "amp::TrainStep: '", entry.param.name(),
+                              "' has a master already (one TrainStep or MasterWeights per optimizer)");
+      trainmem::detail::check(entry.steps == 0 && !entry.first_moment.defined(), "amp::TrainStep: '",
+                              entry.param.name(),
+                              "' has been stepped already; set up the TrainStep before the first step");
+      params.push_back(entry.param);
+    }
     masters_.emplace(std::move(params), MasterWeightsOptions{options_.precision});
     masters_->attach(optimizer);
   }

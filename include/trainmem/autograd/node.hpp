@@ -28,7 +28,7 @@ template <class B>
 struct GradSlot {
   Tensor<B> grad;
   std::function<void()> on_ready;
-  bool incomplete = false;  // a backward that reached this leaf failed part way (until zero_grad/set_grad)
+  bool incomplete = false;  // a backward that reached this leaf failed part way (until zero_grad)
 };
 
 /// \brief Where one input's gradient goes.

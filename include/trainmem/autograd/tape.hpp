@@ -26,8 +26,9 @@
 // backward that throws part way is not undone: a leaf it reaches may hold some of its
 // contributions and not others, and keeping copies to roll back would cost the size of
 // every gradient. Instead each leaf the root reaches is marked incomplete
-// (Var::grad_incomplete) until zero_grad or set_grad, and optimizers refuse to step on
-// it: a partial gradient is never applied by mistake.
+// (Var::grad_incomplete) until zero_grad, and optimizers and the loss scaler refuse it:
+// a partial gradient is never applied by mistake. set_grad keeps the mark, since what
+// replaces a gradient (unscale_, a ZeRO reduction) is made from it.
 #pragma once
 
 #include <memory>

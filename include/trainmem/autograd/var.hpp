@@ -129,11 +129,12 @@ class Var {
                   "' is not a leaf that requires grad (only leaves accumulate .grad)");
     return impl().grad_slot->grad;
   }
-  /// Replaces the gradient (optimizers and the loss scaler write unscaled grads).
+  /// Replaces the gradient (the loss scaler writes unscaled grads, ZeRO reduced shards).
+  /// It keeps the mark of a failed backward (grad_incomplete): a replacement made from a
+  /// partial gradient is partial too.
   void set_grad(Tensor<B> grad) const {
     detail::check(impl().grad_slot != nullptr, "Var::set_grad: '", impl().name, "' is not a leaf that requires grad");
     impl().grad_slot->grad = std::move(grad);
-    impl().grad_slot->incomplete = false;
   }
   void zero_grad() const {
     if (!impl().grad_slot) return;
@@ -142,7 +143,7 @@ class Var {
   }
   /// Whether a backward that reached this leaf failed part way: its .grad then holds some
   /// of that backward's contributions and not others. Optimizers refuse such a gradient;
-  /// zero_grad() (or set_grad) clears the mark.
+  /// only zero_grad() clears the mark.
   bool grad_incomplete() const { return impl().grad_slot != nullptr && impl().grad_slot->incomplete; }
   /// `hook` runs during each backward that reaches this leaf, right after the last
   /// contribution to its .grad: from then on this backward does not touch the gradient
