@@ -262,7 +262,8 @@ TEST_CASE("Shape mismatches name the op and both shapes", "[autograd][errors]") 
                        ErrorContains("cross_entropy: label 7 at row 1 is outside [0, 5)"));
   CHECK_THROWS_MATCHES(embedding(in({4, 3}), tape.input(testing::int_tensor(Shape{2}, {1, 4}, be))), Error,
                        ErrorContains("embedding: id 4 at position 1 is outside [0, 4)"));
-  CHECK_THROWS_MATCHES(dropout(in({4}), 1.0f), Error, ErrorContains("dropout: probability must be in [0, 1), got 1"));
+  CHECK_THROWS_MATCHES(dropout(in({4}), 1.0f), Error,
+                       ErrorContains("dropout: the dropout probability must be in [0, 1), got 1"));
 }
 
 TEST_CASE("Non-floating operands are rejected with their dtype", "[autograd][errors]") {

@@ -178,6 +178,16 @@ TEST_CASE("nn::Embedding is N(0, stddev), nn::LayerNorm starts as ones and zeros
     CHECK_THROWS_WITH(nn::LayerNorm<B>(5, eps), Catch::Contains("nn::LayerNorm: eps must be positive"));
 }
 
+TEST_CASE("a dropout probability outside [0, 1) is refused when attention is built", "[nn][transformer]") {
+  nn::Init init(3);
+  for (const float p : {1.5f, 1.0f, -0.1f, std::nanf("")}) {
+    CHECK_THROWS_WITH(nn::SelfAttention<B>(8, 2, init, p),
+                      Catch::Contains("nn::SelfAttention: the dropout probability must be in [0, 1)"));
+    CHECK_THROWS_WITH(nn::TransformerBlock<B>(8, 2, 16, init, p), Catch::Contains("dropout probability"));
+  }
+  CHECK_NOTHROW(nn::SelfAttention<B>(8, 2, init, 0.1f));
+}
+
 TEST_CASE("TransformerBlock: output shape and forward against a plain-loop reference", "[nn][transformer]") {
   const auto masking = GENERATE(nn::Masking::Causal, nn::Masking::Bidirectional);
   const bool causal = masking == nn::Masking::Causal;

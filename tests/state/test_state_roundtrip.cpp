@@ -265,3 +265,11 @@ TEST_CASE("MasterWeights refuse a state of other model copies", "[state][amp]") 
                        ErrorContains("the state's model copies are f16, these are bf16"));
   CHECK(mb.master(0).to_host<double>() == before);
 }
+
+TEST_CASE("an entry whose byte count overflows is refused, not wrapped to a small size", "[state]") {
+  tmem::StateDict dict;
+  // 2^61 f64 values are 2^64 bytes: the count wraps to 0 in 64 bits.
+  CHECK_THROWS_MATCHES(dict.set("x", tmem::StateEntry{tmem::StateType::F64, tmem::Shape{std::int64_t{1} << 61}, {}}),
+                       tmem::Error, ErrorContains("more bytes than int64 counts"));
+  CHECK_FALSE(dict.contains("x"));
+}

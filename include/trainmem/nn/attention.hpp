@@ -41,7 +41,7 @@ class SelfAttention : public Module<B> {
                 std::string name = "attn", Masking masking = Masking::Causal)
       : Module<B>("SelfAttention", name),
         heads_(heads),
-        dropout_(dropout),
+        dropout_(checked_dropout_probability(dropout, "nn::SelfAttention")),
         masking_(masking),
         q_(dim, dim, init, true, dtype, name + ".q"),
         k_(dim, dim, init, true, dtype, name + ".k"),

@@ -6,6 +6,8 @@
 // the same mask: the region restores the generator to its entry state.
 #pragma once
 
+#include <string_view>
+
 #include "trainmem/ops/op_helpers.hpp"
 
 namespace trainmem {
@@ -14,13 +16,19 @@ namespace detail {
 inline constexpr OpInfo kDropoutOp{"dropout", OpKind::Random, AutocastCategory::Unchanged};
 }
 
+/// `p` when it is a dropout probability (in [0, 1)); otherwise throws naming `who`.
+inline float checked_dropout_probability(float p, std::string_view who) {
+  detail::check(p >= 0.0f && p < 1.0f, who, ": the dropout probability must be in [0, 1), got ", p);
+  return p;
+}
+
 /// Zeroes each element with probability p and scales the rest by 1/(1-p); identity when
 /// p == 0 or not training.
 template <class B>
 Var<B> dropout(const Var<B>& x, float p, bool training = true) {
   const auto& op = detail::kDropoutOp;
   detail::require_floating(op, x, "x");
-  detail::check(p >= 0.0f && p < 1.0f, "dropout: probability must be in [0, 1), got ", p);
+  checked_dropout_probability(p, "dropout");
   if (!training || p == 0.0f) return x;
   OpRecorder<B> rec(op, {x}, static_cast<double>(x.numel()));
   const DType dtype = rec.compute_dtype();

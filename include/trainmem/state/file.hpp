@@ -206,9 +206,10 @@ inline StateDict load(const std::filesystem::path& path) {
     }
     StateEntry entry{static_cast<StateType>(type), Shape(std::move(dims)), {}};
     const auto data_bytes = reader.get<std::uint64_t>();
-    detail::check(data_bytes == static_cast<std::uint64_t>(entry.shape.numel()) * size_of(entry.type),
-                  "trainmem::load: '", name, "': entry '", entry_name, "' (", entry.type, " ", entry.shape, ") holds ",
-                  data_bytes, " bytes");
+    const std::int64_t expected_bytes = byte_count(entry.type, entry.shape);
+    detail::check(expected_bytes >= 0 && data_bytes == static_cast<std::uint64_t>(expected_bytes), "trainmem::load: '",
+                  name, "': entry '", entry_name, "' (", entry.type, " ", entry.shape, ") holds ", data_bytes,
+                  " bytes");
     const auto* data = reader.take(static_cast<std::size_t>(data_bytes));
     entry.bytes.assign(data, data + data_bytes);
     detail::check(!state.contains(entry_name), "trainmem::load: '", name, "': entry '", entry_name, "' appears twice");

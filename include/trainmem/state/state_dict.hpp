@@ -45,6 +45,12 @@ constexpr std::string_view name_of(StateType type) {
   return name_of(static_cast<DType>(type));
 }
 inline std::ostream& operator<<(std::ostream& out, StateType type) { return out << name_of(type); }
+/// numel * size_of(type): the bytes an entry of `shape` holds, or -1 when that exceeds
+/// int64 (a shape like [2^61] of 8-byte values has more elements than bytes can count).
+inline std::int64_t byte_count(StateType type, const Shape& shape) {
+  const auto size = static_cast<std::int64_t>(size_of(type));
+  return shape.numel() > INT64_MAX / size ? -1 : shape.numel() * size;
+}
 
 /// \brief One named value: element type, shape and bytes (numel * size_of(type) of them).
 struct StateEntry {
@@ -105,10 +111,11 @@ class StateDict {
   }
   /// Adds (or replaces) one entry.
   void set(const std::string& name, StateEntry entry) {
-    detail::check(entry.bytes.size() == static_cast<std::size_t>(entry.shape.numel()) * size_of(entry.type),
-                  "StateDict::set: '", name, "' is ", entry.type, " ", entry.shape, " (",
-                  static_cast<std::size_t>(entry.shape.numel()) * size_of(entry.type), " bytes), got ",
-                  entry.bytes.size(), " bytes");
+    const std::int64_t expected = byte_count(entry.type, entry.shape);
+    detail::check(expected >= 0, "StateDict::set: '", name, "' is ", entry.type, " ", entry.shape,
+                  ", more bytes than int64 counts");
+    detail::check(entry.bytes.size() == static_cast<std::size_t>(expected), "StateDict::set: '", name, "' is ",
+                  entry.type, " ", entry.shape, " (", expected, " bytes), got ", entry.bytes.size(), " bytes");
     entries_[name] = std::move(entry);
   }
   template <class B>
