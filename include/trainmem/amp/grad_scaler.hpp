@@ -82,7 +82,7 @@ class GradScaler {
                   "GradScaler::unscale_: already called on this optimizer since the last update()");
     detail::check(record.stage != Stage::Stepped, "GradScaler::unscale_: called after step(); call update() first");
     // Every check and f32 copy first, then the replacements: on an error nothing changed.
-    std::vector<Tensor<B>> grads = checked_grads(optimizer, "unscale_");
+    std::vector<Tensor<B>> grads = checked_grads(optimizer, "GradScaler::unscale_");
     require_grads(grads);
     for (Tensor<B>& g : grads)
       if (is_16bit(g.dtype())) g = g.to(DType::F32, MemCategory::Gradient);
@@ -217,11 +217,7 @@ class GradScaler {
     for (const auto& e : optimizer.entries()) {
       const Tensor<B>& grad = e.param.grad();
       if (!grad.defined()) continue;
-      detail::check(!e.param.grad_incomplete(), "GradScaler::", who, ": the gradient of '", e.param.name(),
-                    "' is from a backward that failed part way (it holds some of that backward's "
-                    "contributions); zero_grad() and run backward again");
-      detail::check(is_floating(grad.dtype()), "GradScaler::", who, ": the gradient of '", e.param.name(), "' is ",
-                    grad.dtype(), "; gradients must be floating point");
+      optim::Optimizer<B>::check_grad(e.param, who);
       grads.push_back(grad);
     }
     return grads;
@@ -246,7 +242,7 @@ class GradScaler {
     optim::StepControl<B> control;
     control.found_inf = record.found_inf;
     if (record.stage == Stage::Ready) {  // grads still scaled: check them, divide inside the update
-      std::vector<Tensor<B>> grads = checked_grads(optimizer, "step");
+      std::vector<Tensor<B>> grads = checked_grads(optimizer, "GradScaler::step");
       if (!one_.defined()) one_ = scalar(DType::F32, 1.0);
       require_grads(grads);
       grads.push_back(scale_);  // an inf or NaN scale (written through scale_tensor()) skips the step too

@@ -38,6 +38,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "trainmem/autograd/grad_mode.hpp"
@@ -114,6 +115,16 @@ class Optimizer {
   Optimizer& operator=(const Optimizer&) = delete;
   Optimizer(Optimizer&&) = default;
   Optimizer& operator=(Optimizer&&) = default;
+
+  /// Throws, naming `who`, unless `param`'s (defined) gradient is one a step may apply:
+  /// floating point, and not left part-way by a failed backward (Var::grad_incomplete).
+  static void check_grad(const Var<B>& param, std::string_view who) {
+    detail::check(!param.grad_incomplete(), who, ": the gradient of '", param.name(),
+                  "' is from a backward that failed part way (it holds some of that backward's contributions); "
+                  "zero_grad() and run backward again");
+    detail::check(is_floating(param.grad().dtype()), who, ": the gradient of '", param.name(), "' is ",
+                  param.grad().dtype(), "; gradients must be floating point");
+  }
 
   /// Unique among the optimizers of this process (a loss scaler keys its records by it,
   /// not by address, which a later optimizer may reuse).
@@ -346,11 +357,7 @@ class Optimizer {
     for (auto& e : entries_) {
       const Tensor<B>& grad = e.param.grad();
       if (!grad.defined()) continue;
-      detail::check(!e.param.grad_incomplete(), "optimizer: the gradient of '", e.param.name(),
-                    "' is from a backward that failed part way (it holds some of that backward's contributions); "
-                    "zero_grad() and run backward again");
-      detail::check(is_floating(grad.dtype()), "optimizer: the gradient of '", e.param.name(), "' is ", grad.dtype(),
-                    "; gradients must be floating point");
+      check_grad(e.param, "optimizer");
       const Tensor<B>& target = e.master.defined() ? e.master : e.param.value();
       detail::check(grad.shape() == target.shape(), "optimizer: grad of '", e.param.name(), "' is ", grad.shape(),
                     ", parameter is ", target.shape());
