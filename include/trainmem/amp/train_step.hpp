@@ -68,13 +68,9 @@ class TrainStep {
         scaler_(options_.precision, options_.scaler, backend) {
     if (!is_16bit(options_.precision) || !options_.master_weights) return;
     std::vector<Var<B>> params;
-    for (const auto& entry : optimizer.entries()) {
-      trainmem::detail::check(!entry.master.defined(), "amp::TrainStep: '", entry.param.name(),
-                              "' has a master already (one TrainStep or MasterWeights per optimizer)");
-      trainmem::detail::check(entry.steps == 0 && !entry.first_moment.defined(), "amp::TrainStep: '",
-                              entry.param.name(),
-                              "' has been stepped already; set up the TrainStep before the first step");
-      params.push_back(entry.param);
+    for (std::size_t i = 0; i < optimizer.entries().size(); ++i) {
+      optimizer.check_may_take_master(i, "amp::TrainStep");  // before MasterWeights narrows anything
+      params.push_back(optimizer.entries()[i].param);
     }
     masters_.emplace(std::move(params), MasterWeightsOptions{options_.precision});
     masters_->attach(optimizer);

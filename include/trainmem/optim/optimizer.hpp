@@ -139,20 +139,25 @@ class Optimizer {
     check_master(i, master);
     entries_[i].master = std::move(master);
   }
+  /// Throws, naming `who`, unless parameter i may still get a master: it has none and
+  /// has never been stepped.
+  void check_may_take_master(std::size_t i, std::string_view who) const {
+    detail::check(i < entries_.size(), who, ": index ", i, " is out of range (", entries_.size(), " parameters)");
+    const ParamGroupEntry<B>& e = entries_[i];
+    detail::check(!e.master.defined(), who, ": '", e.param.name(),
+                  "' has a master already (one amp::MasterWeights or amp::TrainStep per optimizer)");
+    detail::check(!e.first_moment.defined() && !e.second_moment.defined() && e.steps == 0, who, ": '", e.param.name(),
+                  "' has been stepped already; set masters before the first step");
+  }
   /// Throws unless set_master(i, master) would succeed; changes nothing.
   void check_master(std::size_t i, const Tensor<B>& master) const {
-    detail::check(i < entries_.size(), "optimizer::set_master: index ", i, " is out of range (", entries_.size(),
-                  " parameters)");
+    check_may_take_master(i, "optimizer::set_master");
     const ParamGroupEntry<B>& e = entries_[i];
     detail::check(master.defined() && (master.dtype() == DType::F32 || master.dtype() == DType::F64) &&
                       master.shape() == e.param.shape() && !master.same_storage(e.param.value()),
                   "optimizer::set_master: the master of '", e.param.name(), "' ", e.param.shape(),
                   " must be a separate f32 or f64 tensor of that shape, got ",
                   master.defined() ? master.shape().str() + " " + std::string(name_of(master.dtype())) : "undefined");
-    detail::check(!e.first_moment.defined() && !e.second_moment.defined() && e.steps == 0, "optimizer::set_master: '",
-                  e.param.name(), "' has been stepped already; set masters before the first step");
-    detail::check(!e.master.defined(), "optimizer::set_master: '", e.param.name(),
-                  "' has a master already (from another amp::MasterWeights or amp::TrainStep)");
   }
   /// How update passes write 16-bit model copies; stochastic rounding draws from a
   /// Philox stream starting at (seed, 0), `numel` draws per parameter per launched pass
