@@ -16,6 +16,7 @@
 #include "trainmem/backend/cpu/threads.hpp"
 
 #include "trainmem/autograd/grad_mode.hpp"
+#include "trainmem/autograd/parameter_list.hpp"
 #include "trainmem/autograd/tape.hpp"
 
 #include "trainmem/ops/op_info.hpp"
@@ -42,6 +43,7 @@
 #include "trainmem/amp/cast_cache.hpp"
 #include "trainmem/amp/grad_scaler.hpp"
 #include "trainmem/amp/master_weights.hpp"
+#include "trainmem/amp/narrowing.hpp"
 #include "trainmem/amp/train_step.hpp"
 
 #include "trainmem/nn/attention.hpp"

@@ -198,6 +198,16 @@ TEST_CASE("MasterWeights and attach check everything before they change a parame
   CHECK(a.grad().defined());
   CHECK_THROWS_MATCHES(tmem::amp::MasterWeights<B>({a, a}), tmem::Error, ErrorContains("share values"));
   CHECK(a.dtype() == DType::F32);
+  // 70000 is beyond f16's largest finite value (65504): its f16 copy would be inf and every
+  // step would overflow. bf16 holds it (as 70144, the nearest).
+  const auto big = named({1.0, 70000.0}, DType::F32, "big");
+  CHECK_THROWS_MATCHES(tmem::amp::MasterWeights<B>({a, big}, {.model_dtype = DType::F16}), tmem::Error,
+                       ErrorContains("'big' holds values beyond f16's largest finite one (65504)"));
+  CHECK(a.dtype() == DType::F32);
+  CHECK(big.dtype() == DType::F32);
+  CHECK(big.value().to_host<double>() == std::vector<double>{1.0, 70000.0});
+  tmem::amp::MasterWeights<B> wide({big}, {.model_dtype = DType::BF16});
+  CHECK(big.value().to_host<double>() == std::vector<double>{1.0, 70144.0});
 
   // attach: the second parameter was stepped already, so neither gets a master.
   const auto c = named({1.0, 2.0}, DType::F32, "c"), d = named({3.0}, DType::F32, "d");

@@ -56,6 +56,16 @@ TEST_CASE("clip_grad_norm scales every gradient by max_norm / norm when the norm
   CHECK(tmem::optim::clip_grad_norm(std::vector<tmem::Var<B>>{c, d}, 1e9) == Approx(std::sqrt(sum_sq)).epsilon(1e-5));
 }
 
+TEST_CASE("clip_grad_norm refuses a parameter listed twice: it would count and scale its gradient twice",
+          "[amp][clip]") {
+  auto w = parameter({0.0, 0.0});
+  set_grad(w, {3.0, 4.0});
+  CHECK_THROWS_WITH(tmem::optim::clip_grad_norm(std::vector<tmem::Var<B>>{w, w}, 1.0),
+                    Catch::Contains("clip_grad_norm: parameters 0 ('') and 1 ('') share values"));
+  CHECK(w.grad().to_host<double>() == std::vector<double>{3.0, 4.0});
+  CHECK(tmem::optim::clip_grad_norm(std::vector<tmem::Var<B>>{w}, 1.0) == Approx(5.0).epsilon(1e-7));
+}
+
 TEST_CASE("clipping works on unscaled gradients: unscale_, clip, step", "[amp][clip]") {
   auto w = parameter({1.0, 1.0, 1.0});
   tmem::optim::SGD<B> sgd({w}, {.lr = 1.0});

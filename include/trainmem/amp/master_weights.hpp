@@ -21,6 +21,8 @@
 #include <utility>
 #include <vector>
 
+#include "trainmem/amp/narrowing.hpp"
+#include "trainmem/autograd/parameter_list.hpp"
 #include "trainmem/core/math.hpp"
 #include "trainmem/core/stochastic_rounding.hpp"
 #include "trainmem/optim/optimizer.hpp"
@@ -50,15 +52,11 @@ class MasterWeights {
     detail::check(options.rounding != RoundingMode::Stochastic || options.model_dtype == DType::BF16,
                   "amp::MasterWeights: stochastic rounding writes bf16 model copies, the model dtype is ",
                   options.model_dtype);
-    for (std::size_t i = 0; i < params_.size(); ++i) {
-      const Var<B>& p = params_[i];
-      detail::check(p.defined() && p.requires_grad() && p.is_leaf() && p.tape() == nullptr, "amp::MasterWeights: '",
-                    p.defined() ? p.name() : "", "' is not a parameter");
+    check_parameter_list(params_, "amp::MasterWeights");
+    for (const Var<B>& p : params_) {
+      detail::check(p.tape() == nullptr, "amp::MasterWeights: '", p.name(), "' is a leaf of a tape, not a parameter");
       detail::check(p.dtype() == DType::F32 || p.dtype() == options.model_dtype, "amp::MasterWeights: '", p.name(),
                     "' is ", p.dtype(), "; expected f32 or the model dtype ", options.model_dtype);
-      for (std::size_t j = 0; j < i; ++j)
-        detail::check(!params_[j].value().overlaps(p.value()), "amp::MasterWeights: parameters ", j, " ('",
-                      params_[j].name(), "') and ", i, " ('", p.name(), "') share values; list a tied parameter once");
     }
     // f32 values stay as the masters and get 16-bit model copies; 16-bit ones get f32 masters.
     std::vector<Tensor<B>> made;
@@ -66,6 +64,17 @@ class MasterWeights {
     for (const Var<B>& p : params_)
       made.push_back(p.value().to(p.dtype() == DType::F32 ? options.model_dtype : DType::F32,
                                   p.dtype() == DType::F32 ? MemCategory::Parameter : MemCategory::MasterWeight));
+    {
+      std::vector<Tensor<B>> sources, copies;
+      std::vector<std::string> names;
+      for (std::size_t i = 0; i < params_.size(); ++i) {
+        if (params_[i].dtype() != DType::F32) continue;
+        sources.push_back(params_[i].value());
+        copies.push_back(made[i]);
+        names.push_back(params_[i].name());
+      }
+      check_narrowed_finite(sources, copies, names, "amp::MasterWeights");
+    }
     masters_.reserve(params_.size());
     for (std::size_t i = 0; i < params_.size(); ++i) {
       const Var<B>& p = params_[i];

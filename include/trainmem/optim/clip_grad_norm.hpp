@@ -11,6 +11,7 @@
 #include <cmath>
 #include <vector>
 
+#include "trainmem/autograd/parameter_list.hpp"
 #include "trainmem/autograd/var.hpp"
 #include "trainmem/core/math.hpp"
 #include "trainmem/optim/optimizer.hpp"
@@ -23,6 +24,7 @@ template <class B>
 double clip_grad_norm(const std::vector<Var<B>>& params, double max_norm) {
   detail::check(max_norm >= 0 && std::isfinite(max_norm), "clip_grad_norm: max_norm must be finite and >= 0, got ",
                 max_norm);
+  check_parameter_list(params, "clip_grad_norm");  // a tied parameter listed twice would be scaled twice
   std::vector<Tensor<B>> grads;
   for (const Var<B>& p : params)
     if (p.grad().defined()) grads.push_back(p.grad());

@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "trainmem/autograd/grad_mode.hpp"
+#include "trainmem/autograd/parameter_list.hpp"
 #include "trainmem/autograd/var.hpp"
 #include "trainmem/core/math.hpp"
 #include "trainmem/core/rng.hpp"
@@ -98,16 +99,8 @@ template <class B>
 class Optimizer {
  public:
   explicit Optimizer(std::vector<Var<B>> params) : id_(next_id()) {
-    for (std::size_t i = 0; i < params.size(); ++i) {
-      const Var<B>& p = params[i];
-      detail::check(p.defined() && p.requires_grad() && p.is_leaf(), "optimizer: '", p.defined() ? p.name() : "",
-                    "' is not a parameter (a leaf that requires grad)");
-      for (std::size_t j = 0; j < i; ++j)
-        detail::check(!params[j].value().overlaps(p.value()), "optimizer: parameters ", j, " ('", params[j].name(),
-                      "') and ", i, " ('", p.name(),
-                      "') share values; they would be updated twice a step (list a tied parameter once)");
-      entries_.push_back({p, {}, {}, {}, {}, 0});
-    }
+    check_parameter_list(params, "optimizer");
+    for (const Var<B>& p : params) entries_.push_back({p, {}, {}, {}, {}, 0});
   }
   virtual ~Optimizer() = default;
   // A copy would share the moment tensors with the original and step them twice.
