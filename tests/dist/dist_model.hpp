@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "trainmem/dist/data_parallel.hpp"
@@ -65,6 +66,23 @@ inline void backward(const TinyNet& net, std::int64_t begin, std::int64_t end, i
   tape.backward(scaler ? scaler->scale(loss) : loss);
 }
 
+/// As backward() in f32, but the input is changed in place after the forward: fc1's
+/// backward finds its saved input changed and throws, after fc2's gradient was made (a
+/// backward that fails part way, marking the gradients it reached Var::grad_incomplete).
+inline void failed_backward(const TinyNet& net, std::int64_t begin, std::int64_t end, int step) {
+  Tape<B> tape;
+  auto [x, labels] = batch(begin, end, step);
+  const Var<B> loss = cross_entropy(net.fc2(tanh(net.fc1(tape.input(x)))), labels);
+  x.copy_from(batch(begin, end, step + 1).first);
+  bool failed = false;
+  try {
+    tape.backward(loss);
+  } catch (const Error&) {
+    failed = true;
+  }
+  trainmem::detail::check(failed, "failed_backward: the backward with a changed saved input did not fail");
+}
+
 /// Every weight of the net, in parameter order, widened to f64.
 inline std::vector<double> weights(const TinyNet& net) {
   std::vector<double> out;
@@ -89,34 +107,58 @@ inline std::vector<double> train_reference(int steps) {
 
 /// This rank's slice of the global batch, in `micro` micro-batches per step; stage 0 is
 /// DataParallel + AdamW, 1 and 2 ZeroOptimizer. f32 throughout. `overlap`: buckets are
-/// sent during backward, or only after it.
+/// sent during backward, or only after it. Step `fail_at` is first tried with the last
+/// rank's last backward failing part way: every rank must refuse that step, weights
+/// unchanged, then zero_grad and run it again.
 inline std::vector<double> train_ranks(dist::Communicator<B>& comm, int stage, int steps, std::int64_t bucket_bytes,
-                                       int micro = 1, bool overlap = true) {
+                                       int micro = 1, bool overlap = true, int fail_at = -1) {
   TinyNet net;
   const std::int64_t rows = kGlobalBatch / comm.size(), first = comm.rank() * rows;
   const dist::DataParallelOptions dp{
       .bucket_bytes = bucket_bytes, .accumulation_steps = micro, .overlap_with_backward = overlap};
-  const auto local = [&](int s, auto&& done) {
+  const auto local = [&](int s, bool fail, auto&& done) {
     for (int m = 0; m < micro; ++m) {
       const std::int64_t b = first + m * rows / micro, e = first + (m + 1) * rows / micro;
-      backward(net, b, e, s, DType::F32);
+      if (fail && m == micro - 1 && comm.rank() == comm.size() - 1) failed_backward(net, b, e, s);
+      else backward(net, b, e, s, DType::F32);
       done();
     }
+  };
+  const auto refused = [&](auto&& step) {
+    const std::vector<double> before = weights(net);
+    std::string message = "no error";
+    try {
+      step();
+    } catch (const Error& e) {
+      message = e.what();
+    }
+    trainmem::detail::check(message.find("failed part way") != std::string::npos && weights(net) == before, "rank ",
+                            comm.rank(), ": the step after a failed backward was not refused (", message, ")");
   };
   if (stage == 0) {
     dist::DataParallel<B> sync(comm, net.parameters(), dp);
     optim::AdamW<B> opt(net.parameters(), adamw_options());
     for (int s = 0; s < steps; ++s) {
+      if (s == fail_at) {
+        opt.zero_grad();
+        local(s, true, [&] { sync.micro_batch_done(); });
+        refused([&] { opt.step(); });
+      }
       opt.zero_grad();
-      local(s, [&] { sync.micro_batch_done(); });
+      local(s, false, [&] { sync.micro_batch_done(); });
       opt.step();
     }
   } else {
     dist::ZeroOptimizer<B> zero(comm, net.parameters(),
                                 {.stage = stage, .model_dtype = DType::F32, .data_parallel = dp}, adamw_options());
     for (int s = 0; s < steps; ++s) {
+      if (s == fail_at) {
+        zero.zero_grad();
+        local(s, true, [&] { zero.micro_batch_done(); });
+        refused([&] { zero.step(); });
+      }
       zero.zero_grad();
-      local(s, [&] { zero.micro_batch_done(); });
+      local(s, false, [&] { zero.micro_batch_done(); });
       zero.step();
     }
   }

@@ -106,6 +106,23 @@ TEST_CASE("dist: one rank reproduces single-process AdamW bit for bit (F32, DP a
   }
 }
 
+TEST_CASE("dist: after a backward that failed part way, no optimizer steps on the average until zero_grad", "[dist]") {
+  // train_ranks checks that the step is refused with the weights unchanged; run again
+  // after zero_grad, it leaves no trace: the weights are the clean run's, bit for bit.
+  const std::vector<double> reference = train_reference(4);
+  dist::SingleProcess<B> comm;
+  for (int stage : {0, 1, 2}) {
+    for (int micro : {1, 2}) {
+      for (bool overlap : {true, false}) {
+        INFO("stage " << stage << ", " << micro << " micro-batches, overlap " << overlap);
+        const std::vector<double> clean = train_ranks(comm, stage, 4, 64, micro, overlap);
+        CHECK(train_ranks(comm, stage, 4, 64, micro, overlap, 2) == clean);
+        if (micro == 1) CHECK(clean == reference);
+      }
+    }
+  }
+}
+
 TEST_CASE("dist: accumulating two micro-batches matches the whole batch", "[dist]") {
   const std::vector<double> reference = train_reference(20);
   dist::SingleProcess<B> comm;
@@ -130,7 +147,9 @@ TEST_CASE("dist: no collective runs before the last micro-batch", "[dist]") {
   const int before = comm.calls;
   backward(net, 0, 4, 0, DType::F32);
   CHECK(sync.micro_batch_done());
-  CHECK(comm.calls == before + 2 * 4);  // 55 f32 in buckets of 16: 4 windows, each a reduce-scatter and an all-gather
+  // 55 f32 in buckets of 16: 4 windows, each a reduce-scatter and an all-gather; then one
+  // byte per rank says whether some rank's backward failed part way.
+  CHECK(comm.calls == before + 2 * 4 + 1);
 }
 
 TEST_CASE("dist: buckets go out during backward, last first, each all-gather after the next reduce-scatter", "[dist]") {
@@ -199,6 +218,92 @@ TEST_CASE("dist: ZeRO with 16-bit weights matches MasterWeights + AdamW bit for 
       CHECK(weights(net) == reference);
     }
   }
+}
+
+TEST_CASE("dist: a parameter list DataParallel cannot use is refused before any hook is set", "[dist]") {
+  TinyNet net;
+  dist::SingleProcess<B> comm;
+  const Var<B> w = net.fc1.weight(), b = net.fc1.bias();
+  Tape<B> tape;
+  const Var<B> not_a_leaf = tanh(tape.input(Tensor<B>::zeros(Shape{2}, DType::F32)));
+  const Var<B> view = Var<B>::parameter(w.value().reshape(Shape{35}).slice(0, 7), "view of fc1.weight");
+  CHECK_THROWS_MATCHES(dist::DataParallel<B>(comm, {w, b, w}), Error,
+                       ErrorContains("parameters 0 ('fc1.weight') and 2 ('fc1.weight') share values"));
+  CHECK_THROWS_MATCHES(dist::DataParallel<B>(comm, {w, view}), Error, ErrorContains("share values"));
+  CHECK_THROWS_MATCHES(dist::DataParallel<B>(comm, {w, b, not_a_leaf}), Error,
+                       ErrorContains("(parameter 2) is not a parameter"));
+  CHECK_THROWS_MATCHES(dist::DataParallel<B>(comm, {w, Var<B>()}), Error,
+                       ErrorContains("parameter 1 is an undefined Var"));
+  CHECK_THROWS_MATCHES(dist::ZeroOptimizer<B>(comm, {b, b}, {}, adamw_options()), Error, ErrorContains("share values"));
+  for (const Var<B>& p : net.parameters()) CHECK_FALSE(p.has_grad_ready_hook());
+  // The same parameters are free for a DataParallel that trains them.
+  dist::DataParallel<B> sync(comm, net.parameters(), {.bucket_bytes = 64});
+  backward(net, 0, 4, 0, DType::F32);
+  CHECK(sync.micro_batch_done());
+}
+
+TEST_CASE("dist: a gradient of the wrong shape or dtype is refused, and the next average starts afresh", "[dist]") {
+  // The plain gradient of one backward: with one rank the average is that gradient.
+  std::vector<std::vector<double>> expected;
+  {
+    TinyNet plain;
+    backward(plain, 0, 4, 0, DType::F32);
+    for (const auto& p : plain.parameters()) expected.push_back(p.grad().to_host<double>());
+  }
+  TinyNet net;
+  dist::SingleProcess<B> comm;
+  dist::DataParallel<B> sync(comm, net.parameters(), {.bucket_bytes = 64});
+  const Var<B> bias = net.fc1.bias();
+  // Buckets went out during backward (fc2's); then a bad gradient stops the average.
+  backward(net, 0, 4, 0, DType::F32);
+  bias.set_grad(Tensor<B>::zeros(Shape{2}, DType::F32));
+  CHECK_THROWS_MATCHES(sync.average_gradients(), Error,
+                       ErrorContains("the gradient of 'fc1.bias' is [2] f32; the parameter is [5] f32"));
+  bias.set_grad(Tensor<B>::zeros(Shape{5}, DType::I32));
+  CHECK_THROWS_MATCHES(sync.average_gradients(), Error,
+                       ErrorContains("must have its parameter's shape and be floating"));
+  // The failed averages left nothing armed: a new backward sends its buckets again, and
+  // its average is the plain gradient.
+  for (const auto& p : net.parameters()) p.zero_grad();
+  backward(net, 0, 4, 0, DType::F32);
+  sync.average_gradients();
+  const auto params = net.parameters();
+  for (std::size_t i = 0; i < params.size(); ++i) CHECK(params[i].grad().to_host<double>() == expected[i]);
+}
+
+TEST_CASE("dist: ZeroOptimizer checks its settings before it changes the model", "[dist]") {
+  TinyNet net;
+  const std::vector<double> before = weights(net);
+  dist::SingleProcess<B> comm;
+  // Bad AdamW options are found after the flat buffer is made, before the parameters
+  // become views of it: the model keeps its f32 weights, and no hook is left behind.
+  CHECK_THROWS_MATCHES(
+      dist::ZeroOptimizer<B>(comm, net.parameters(), {.model_dtype = DType::BF16}, optim::AdamWOptions{.lr = -1.0}),
+      Error, ErrorContains("AdamW: lr >= 0"));
+  for (const auto& p : net.parameters()) {
+    CHECK(p.dtype() == DType::F32);
+    CHECK_FALSE(p.has_grad_ready_hook());
+  }
+  CHECK(weights(net) == before);
+  // A weight beyond f16's range would be inf in the f16 model: refused, the model as it was.
+  const Tensor<B> w = net.fc2.weight().value();
+  const Tensor<B> original = w.clone();
+  w.copy_from(Tensor<B>::full(w.shape(), 1e5, DType::F32));
+  CHECK_THROWS_MATCHES(dist::ZeroOptimizer<B>(comm, net.parameters(), {.model_dtype = DType::F16}, adamw_options()),
+                       Error, ErrorContains("'fc2.weight' holds values beyond f16's largest finite one"));
+  CHECK(net.fc2.weight().value().dtype() == DType::F32);
+  w.copy_from(original);
+  CHECK(weights(net) == before);
+
+  dist::ZeroOptimizer<B> zero(comm, net.parameters(), {.model_dtype = DType::F32}, adamw_options());
+  backward(net, 0, 4, 0, DType::F32);
+  zero.reduce_gradients();
+  for (double bad : {std::nan(""), static_cast<double>(INFINITY)}) {
+    CHECK_THROWS_MATCHES(zero.step(bad), Error, ErrorContains("max_grad_norm must be finite"));
+    CHECK(weights(net) == before);
+  }
+  CHECK(zero.step(1e-3));
+  CHECK(weights(net) != before);
 }
 
 TEST_CASE("dist: bad settings are errors that name them", "[dist]") {

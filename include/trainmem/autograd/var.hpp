@@ -145,6 +145,13 @@ class Var {
   /// of that backward's contributions and not others. Optimizers refuse such a gradient;
   /// only zero_grad() clears the mark.
   bool grad_incomplete() const { return impl().grad_slot != nullptr && impl().grad_slot->incomplete; }
+  /// Marks .grad incomplete until zero_grad: for a gradient made from a partial one that
+  /// set_grad did not replace, e.g. averaged with a rank whose backward failed.
+  void mark_grad_incomplete() const {
+    detail::check(impl().grad_slot != nullptr, "Var::mark_grad_incomplete: '", impl().name,
+                  "' is not a leaf that requires grad");
+    impl().grad_slot->incomplete = true;
+  }
   /// `hook` runs during each backward that reaches this leaf, right after the last
   /// contribution to its .grad: from then on this backward does not touch the gradient
   /// again, so it may be read, sent or freed while backward goes on (data parallelism

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "trainmem/autograd/grad_mode.hpp"
+#include "trainmem/autograd/parameter_list.hpp"
 #include "trainmem/autograd/var.hpp"
 #include "trainmem/core/math.hpp"
 #include "trainmem/dist/communicator.hpp"
@@ -96,11 +97,14 @@ class DataParallel {
 
   /// Replaces every gradient by its sum over ranks divided by size() * accumulation_steps,
   /// finishing what backward started. A parameter without a gradient counts as zeros
-  /// and receives one (under reduce_into_shard: see there). A collective.
+  /// and receives one (under reduce_into_shard: see there). A collective. When some
+  /// rank's backward failed part way, every rank's averages are marked incomplete
+  /// (NOTE [A rank whose backward failed]) and no rank's optimizer steps on them.
   void average_gradients() {
     micro_batches_ = 0;
     NoGradGuard no_grad;
-    buckets_.finish(divisor());
+    if (buckets_.finish(divisor()))
+      for (const Var<B>& p : params_) p.mark_grad_incomplete();
   }
 
   /// ZeRO-2: average_gradients leaves this rank only the average of `shard` of the flat
@@ -116,7 +120,10 @@ class DataParallel {
   std::int64_t bucket_elements() const { return options_.bucket_bytes / 4; }
 
  private:
+  /// Everything checked before the hooks are set (so a throw leaves none behind) and
+  /// before any collective.
   static std::vector<Var<B>> checked(std::vector<Var<B>> params, const DataParallelOptions& options) {
+    check_parameter_list(params, "dist::DataParallel");
     trainmem::detail::check(options.bucket_bytes >= 4, "dist::DataParallel: bucket_bytes must be at least 4, got ",
                             options.bucket_bytes);
     trainmem::detail::check(options.accumulation_steps >= 1,

@@ -24,12 +24,23 @@
 // only finish local work (narrowing a gathered window back, copying a shard's sums).
 // At most `in_flight` windows hold a bucket; making room waits for the oldest, which
 // starts nothing.
+//
+// NOTE [A rank whose backward failed]
+// A backward that fails part way leaves its leaves' gradients partial and marked
+// (Var::grad_incomplete; autograd/tape.hpp), and an optimizer refuses to step on them.
+// Averaged with the other ranks, the partial gradient would spoil every rank's sums,
+// while only the failed rank knows. So finish() also tells every rank whether some
+// rank's gradients were marked (one byte per rank, gathered), and DataParallel marks
+// the averages on every rank: all ranks then refuse the same step, and after zero_grad
+// all go on together. The failed rank must still join the average (micro_batch_done),
+// as every rank joins every collective.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "trainmem/autograd/var.hpp"
@@ -73,11 +84,13 @@ class GradBuckets {
   /// Parameter `param`'s gradient is final for this step: start what that makes ready
   /// and move the windows in flight on. Sums are divided by `divisor`.
   void ready(std::size_t param, double divisor) {
+    check_gradient(param);
     arm(divisor);
-    trainmem::detail::check(
-        !ready_[param], "dist: the gradient of '", (*params_)[param].name(),
-        "' was made final twice before the gradients were averaged (a second backward in one "
-        "micro-batch); with overlap_with_backward, run one backward per micro-batch or turn it off");
+    trainmem::detail::check(!ready_[param], "dist: the gradient of '", (*params_)[param].name(),
+                            "' was made final twice before the gradients were averaged (a second backward in one "
+                            "micro-batch, or a backward after a failed one without averaging in between); with "
+                            "overlap_with_backward, run one backward per micro-batch and average after each last one, "
+                            "even a failed one, or turn overlap off");
     ready_[param] = 1;
     const auto [first, last] = windows_of(param);
     for (std::int64_t w = first; w <= last; ++w) --waiting_[static_cast<std::size_t>(w)];
@@ -87,17 +100,32 @@ class GradBuckets {
 
   /// Starts every window not started yet (a gradient never made final counts as zeros)
   /// and waits for all: afterwards the sums are in place. Sums are divided by `divisor`.
-  void finish(double divisor) {
-    arm(divisor);
-    while (next_ >= 0) start(next_--);
-    if (!in_flight_.empty() && in_flight_.back().phase == Phase::Summing && !to_shard()) gather(in_flight_.back());
-    while (!in_flight_.empty()) {
-      in_flight_.front().pending->wait();
-      complete(in_flight_.front());
-      in_flight_.pop_front();
+  /// Returns whether any rank's gradients were incomplete (Var::grad_incomplete, NOTE
+  /// [A rank whose backward failed]). When it throws, the step's state is dropped: the
+  /// next backward or finish starts a new one.
+  bool finish(double divisor) {
+    bool incomplete = false;
+    try {
+      for (std::size_t i = 0; i < params_->size(); ++i) {
+        check_gradient(i);
+        incomplete = incomplete || (*params_)[i].grad_incomplete();
+      }
+      arm(divisor);
+      while (next_ >= 0) start(next_--);
+      if (!in_flight_.empty() && in_flight_.back().phase == Phase::Summing && !to_shard()) gather(in_flight_.back());
+      while (!in_flight_.empty()) {
+        in_flight_.front().pending->wait();
+        complete(in_flight_.front());
+        in_flight_.pop_front();
+      }
+      if (to_shard()) shard_grad_.bump_version();
+    } catch (...) {
+      in_flight_.clear();  // a request destroyed in flight keeps its buffers (dist/mpi.hpp)
+      armed_ = false;
+      throw;
     }
-    if (to_shard()) shard_grad_.bump_version();
     armed_ = false;
+    return any_rank(incomplete);
   }
 
  private:
@@ -111,6 +139,24 @@ class GradBuckets {
   };
 
   bool to_shard() const { return shard_grad_.defined(); }
+
+  /// A gradient the windows can read: absent, or of its parameter's shape and floating.
+  void check_gradient(std::size_t param) const {
+    const Var<B>& p = (*params_)[param];
+    const Tensor<B>& grad = p.grad();
+    if (!grad.defined()) return;
+    trainmem::detail::check(grad.shape() == p.shape() && is_floating(grad.dtype()), "dist: the gradient of '", p.name(),
+                            "' is ", grad.shape(), " ", grad.dtype(), "; the parameter is ", p.shape(), " ", p.dtype(),
+                            " (a gradient must have its parameter's shape and be floating point)");
+  }
+
+  /// Whether `mine` is true on some rank (a collective).
+  bool any_rank(bool mine) const {
+    const auto flag = static_cast<std::byte>(mine ? 1 : 0);
+    std::vector<std::byte> all(static_cast<std::size_t>(comm_->size()));
+    comm_->all_gather_host(std::span(&flag, 1), all);
+    return std::any_of(all.begin(), all.end(), [](std::byte b) { return b != std::byte{0}; });
+  }
   Range window_range(std::int64_t w) const { return {w * bucket_, std::min(layout_->total(), (w + 1) * bucket_)}; }
   /// The first and last window holding elements of `param` (last < first when it has none).
   std::pair<std::int64_t, std::int64_t> windows_of(std::size_t param) const {

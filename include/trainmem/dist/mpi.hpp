@@ -19,7 +19,9 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <climits>
+#include <cstddef>
 #include <cstdio>
 #include <exception>
 #include <memory>
@@ -208,10 +210,15 @@ class Communicator final : public dist::Communicator<cpu::Backend> {
     return {std::move(bytes), std::move(offsets)};
   }
 
+  /// In pieces of at most 1 GiB: an MPI count is an int, and one parameter may hold more
+  /// bytes than that (every rank has the same byte count, so every rank makes the same calls).
   void broadcast_bytes(void* data, std::size_t bytes, int root) {
-    detail::check(
-        MPI_Bcast(data, detail::count_of(static_cast<std::int64_t>(bytes), "MPI_Bcast"), MPI_BYTE, root, comm_),
-        "MPI_Bcast");
+    constexpr std::size_t kPiece = std::size_t{1} << 30;
+    auto* at = static_cast<std::byte*>(data);
+    for (std::size_t done = 0; done < bytes; done += kPiece) {
+      const std::size_t piece = std::min(kPiece, bytes - done);
+      detail::check(MPI_Bcast(at + done, static_cast<int>(piece), MPI_BYTE, root, comm_), "MPI_Bcast");
+    }
   }
 
   MPI_Comm comm_ = MPI_COMM_NULL;

@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "trainmem/amp/grad_scaler.hpp"
+#include "trainmem/amp/narrowing.hpp"
 #include "trainmem/autograd/grad_mode.hpp"
 #include "trainmem/core/stochastic_rounding.hpp"
 #include "trainmem/dist/data_parallel.hpp"
@@ -73,6 +74,9 @@ class ZeroOptimizer {
     for (const Var<B>& p : ps)
       trainmem::detail::check(p.dtype() == DType::F32 || p.dtype() == options.model_dtype, "dist::ZeroOptimizer: '",
                               p.name(), "' is ", p.dtype(), "; expected f32 or the model dtype ", options.model_dtype);
+    // Everything is made from copies first, the shard optimizer (which checks its
+    // options) included; the parameters become views of the flat buffer only at the
+    // end, so a throw leaves the model as it was given.
     NoGradGuard no_grad;
     B& backend = ps.front().value().backend();
     const bool masters = options.model_dtype != DType::F32;
@@ -87,16 +91,21 @@ class ZeroOptimizer {
                     master_.slice(at, at + piece.count));
       });
     }
-    for (std::size_t i = 0; i < ps.size(); ++i) {
-      const Tensor<B> view = flat_view(flat_, layout.offset(i), layout.offset(i) + layout.numel(i));
-      backend.map(math::Identity{}, ps[i].value().reshape(Shape{layout.numel(i)}), view);
-      ps[i].impl().value = view.reshape(ps[i].shape());
-      ps[i].zero_grad();
+    for (std::size_t i = 0; i < ps.size(); ++i)
+      backend.map(math::Identity{}, ps[i].value().reshape(Shape{layout.numel(i)}),
+                  flat_view(flat_, layout.offset(i), layout.offset(i) + layout.numel(i)));
+    if (masters) {  // every rank holds rank 0's values: all throw alike
+      std::vector<Tensor<B>> sources, copies;
+      std::vector<std::string> names;
+      for (std::size_t i = 0; i < ps.size(); ++i) {
+        sources.push_back(ps[i].value());
+        copies.push_back(flat_view(flat_, layout.offset(i), layout.offset(i) + layout.numel(i)));
+        names.push_back(ps[i].name());
+      }
+      amp::check_narrowed_finite(sources, copies, names, "dist::ZeroOptimizer");
     }
-    if (options.stage == 2) {
+    if (options.stage == 2)
       grad_shard_ = Tensor<B>::zeros(Shape{shard_.size()}, options.model_dtype, MemCategory::Gradient, backend);
-      dp_.reduce_into_shard(grad_shard_, shard_);
-    }
 
     std::vector<Var<B>> segments;
     layout.for_each_piece(shard_, [&](const Piece& piece) {
@@ -117,11 +126,20 @@ class ZeroOptimizer {
             i, master_.slice(segments_[i].shard_offset, segments_[i].shard_offset + segments_[i].piece.count));
       optimizer_->set_copy_rounding(options.rounding, options.seed);
     }
+
+    for (std::size_t i = 0; i < ps.size(); ++i) {  // nothing below throws
+      ps[i].impl().value =
+          flat_view(flat_, layout.offset(i), layout.offset(i) + layout.numel(i)).reshape(ps[i].shape());
+      ps[i].zero_grad();
+    }
+    if (options.stage == 2) dp_.reduce_into_shard(grad_shard_, shard_);
   }
 
-  /// Drops every parameter's gradient (before the first micro-batch of a step).
+  /// Drops every parameter's gradient and the shard's reduced ones (before the first
+  /// micro-batch of a step, or after a step that was refused).
   void zero_grad() {
     for (const Var<B>& p : dp_.params()) p.zero_grad();
+    optimizer_->zero_grad();
   }
 
   /// Call after each micro-batch's backward; on the last of accumulation_steps it
@@ -144,6 +162,7 @@ class ZeroOptimizer {
   /// Steps the shard and all-gathers the updated weights; returns true (no scaler, no skip).
   /// `max_grad_norm` >= 0 clips first with the global norm.
   bool step(double max_grad_norm = -1) {
+    check_max_grad_norm(max_grad_norm);
     require_reduced();
     clip(max_grad_norm);
     optimizer_->step();
@@ -155,6 +174,7 @@ class ZeroOptimizer {
   /// Call scaler.update() afterwards, as with one process.
   bool step(amp::GradScaler<B>& scaler, double max_grad_norm = -1) {
     if (!scaler.is_enabled()) return step(max_grad_norm);
+    check_max_grad_norm(max_grad_norm);
     require_reduced();
     scaler.unscale_(*optimizer_);
     dp_.communicator().all_reduce_sum(scaler.found_inf(*optimizer_));
@@ -197,28 +217,41 @@ class ZeroOptimizer {
     std::int64_t shard_offset;  // where it starts in the shard
   };
 
-  /// Hands the shard optimizer's segments their reduced gradients.
+  /// Hands the shard optimizer's segments their reduced gradients, marked incomplete when
+  /// the averages are (NOTE [A rank whose backward failed] in dist/grad_buckets.hpp).
   void take_reduced_gradients() {
-    if (options_.stage == 1) {
-      for (std::size_t i = 0; i < segments_.size(); ++i) {
-        const Piece& piece = segments_[i].piece;
-        optimizer_->entries()[i].param.set_grad(
-            piece.count == 0
-                ? flat_view(dp_.params()[0].grad(), 0, 0)
-                : flat_view(dp_.params()[piece.param].grad(), piece.param_offset, piece.param_offset + piece.count));
-      }
-      return;
+    const bool incomplete =
+        std::any_of(dp_.params().begin(), dp_.params().end(), [](const Var<B>& p) { return p.grad_incomplete(); });
+    for (std::size_t i = 0; i < segments_.size(); ++i) {
+      const Piece& piece = segments_[i].piece;
+      const Var<B>& segment = optimizer_->entries()[i].param;
+      segment.zero_grad();  // clears an earlier mark: this is a new step's gradient
+      if (options_.stage == 2)
+        segment.set_grad(grad_shard_.slice(segments_[i].shard_offset, segments_[i].shard_offset + piece.count));
+      else
+        segment.set_grad(piece.count == 0 ? flat_view(dp_.params()[0].grad(), 0, 0)
+                                          : flat_view(dp_.params()[piece.param].grad(), piece.param_offset,
+                                                      piece.param_offset + piece.count));
+      if (incomplete) segment.mark_grad_incomplete();
     }
-    for (const Var<B>& p : dp_.params()) p.zero_grad();
-    for (std::size_t i = 0; i < segments_.size(); ++i)
-      optimizer_->entries()[i].param.set_grad(
-          grad_shard_.slice(segments_[i].shard_offset, segments_[i].shard_offset + segments_[i].piece.count));
+    if (options_.stage == 2)
+      for (const Var<B>& p : dp_.params()) p.zero_grad();
   }
 
+  /// Every segment has a reduced gradient a step may apply; checked before clipping
+  /// changes any.
   void require_reduced() const {
-    for (const auto& e : optimizer_->entries())
+    for (const auto& e : optimizer_->entries()) {
       trainmem::detail::check(e.param.grad().defined(), "dist::ZeroOptimizer::step: '", e.param.name(),
                               "' has no reduced gradient; call reduce_gradients() (or micro_batch_done()) first");
+      optim::Optimizer<B>::check_grad(e.param, "dist::ZeroOptimizer::step");
+    }
+  }
+
+  static void check_max_grad_norm(double max_grad_norm) {
+    trainmem::detail::check(max_grad_norm < 0 || std::isfinite(max_grad_norm),
+                            "dist::ZeroOptimizer::step: max_grad_norm must be finite (negative: no clipping), got ",
+                            max_grad_norm);
   }
 
   void clip(double max_grad_norm) {

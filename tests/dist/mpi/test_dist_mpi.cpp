@@ -1,6 +1,7 @@
 // tests/dist/mpi/test_dist_mpi.cpp — data parallelism and ZeRO over MPI, one scenario per run.
 //
-//   mpirun -np N test_dist_mpi <equivalence|overflow|empty_shard|memory|mismatch|checkpoint_bf16|abort>
+//   mpirun -np N test_dist_mpi <equivalence|overflow|empty_shard|memory|mismatch|failed_backward|
+//                               checkpoint_bf16|abort>
 //
 // Each rank checks its own results and throws on a failure; dist::mpi::run then names
 // the rank and aborts the job, so a failed check can never leave the others waiting.
@@ -66,6 +67,26 @@ int equivalence(dist::mpi::Communicator& comm) {
       require(first == after_backward, what, ": buckets sent during backward differ from buckets sent after it");
       require_same_on_every_rank(comm, first, what.c_str());
       require_close(first, reference, what);
+    }
+  }
+  return 0;
+}
+
+/// The last rank's backward fails part way at step 3 (a changed saved input); every rank
+/// still averages, every rank's optimizer refuses the step with its weights unchanged
+/// (train_ranks checks both), and after zero_grad the step runs again: the weights are
+/// bitwise those of the run without the failure, and the same on every rank.
+int failed_backward(dist::mpi::Communicator& comm) {
+  for (int stage : {0, 1, 2}) {
+    for (int micro : {1, 2}) {
+      for (bool overlap : {true, false}) {
+        const std::string what = "stage " + std::to_string(stage) + ", " + std::to_string(micro) +
+                                 " micro-batches, overlap " + (overlap ? "on" : "off");
+        const std::vector<double> clean = train_ranks(comm, stage, 6, 64, micro, overlap);
+        const std::vector<double> failed = train_ranks(comm, stage, 6, 64, micro, overlap, 3);
+        require(failed == clean, what, ": a refused step left a trace in the weights");
+        require_same_on_every_rank(comm, failed, what.c_str());
+      }
     }
   }
   return 0;
@@ -436,6 +457,7 @@ int main(int argc, char** argv) {
     if (scenario == "mismatch") return mismatch(comm);
     if (scenario == "checkpoint_bf16") return checkpoint_bf16(comm);
     if (scenario == "abort") return abort_on_error(comm);
+    if (scenario == "failed_backward") return failed_backward(comm);
     throw Error("test_dist_mpi: unknown scenario '" + scenario + "'");
   });
 }
