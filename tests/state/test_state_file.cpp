@@ -5,6 +5,7 @@
 // bytes written by hand into the file for each corruption.
 #include <catch2/catch.hpp>
 
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -116,6 +117,15 @@ TEST_CASE("save replaces the file by rename and leaves no temporary behind", "[s
   CHECK_THROWS_MATCHES(tmem::save(dir / "missing_dir" / "c.tmstate", first), tmem::Error,
                        ErrorContains("cannot create"));
   CHECK(tmem::load(path) == second);
+  // A rename that fails (the destination is a directory) names the rename's own error
+  // and removes the temporary file.
+  std::filesystem::create_directories(dir / "d.tmstate" / "inside");
+  CHECK_THROWS_MATCHES(tmem::save(dir / "d.tmstate", first), tmem::Error,
+                       ErrorContains("failed: " + std::string(std::strerror(EISDIR))));
+  CHECK(std::filesystem::is_directory(dir / "d.tmstate" / "inside"));
+  files = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) ++files;
+  CHECK(files == 2);  // b.tmstate and the directory, no temporary
   std::filesystem::remove_all(dir);
 }
 
@@ -156,6 +166,10 @@ TEST_CASE("load says what is wrong with a file", "[state][file]") {
   }
   SECTION("missing") {
     CHECK_THROWS_MATCHES(tmem::load(dir / "nothing.tmstate"), tmem::Error, ErrorContains("cannot open"));
+  }
+  SECTION("a directory") {
+    std::filesystem::create_directory(dir / "a_directory");
+    CHECK_THROWS_MATCHES(tmem::load(dir / "a_directory"), tmem::Error, ErrorContains("is not a regular file"));
   }
   std::filesystem::remove_all(dir);
 }

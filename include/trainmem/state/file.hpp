@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include <fcntl.h>
@@ -74,8 +75,9 @@ inline void write_all(int fd, const void* data, std::size_t size, const std::str
   const auto* p = static_cast<const char*>(data);
   while (size > 0) {
     const ssize_t n = ::write(fd, p, size);
-    if (n < 0 && errno == EINTR) continue;
-    detail::check(n > 0, "trainmem::save: writing '", path, "' failed: ", std::strerror(errno));
+    const int error = n < 0 ? errno : EIO;  // a write of 0 bytes sets no errno
+    if (n < 0 && error == EINTR) continue;
+    detail::check(n > 0, "trainmem::save: writing '", path, "' failed: ", std::strerror(error));
     p += n;
     size -= static_cast<std::size_t>(n);
   }
@@ -130,16 +132,24 @@ inline void save(const std::filesystem::path& path, const StateDict& state) {
   if (directory.empty()) directory = ".";
   detail::TempFile temp;
   temp.path = detail::temp_name_for(path);
+  // Each call's errno is read right after it, never as an argument next to the call
+  // (argument order is unspecified).
   temp.fd = ::open(temp.path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  detail::check(temp.fd >= 0, "trainmem::save: cannot create '", temp.path, "': ", std::strerror(errno));
+  const int open_error = errno;
+  detail::check(temp.fd >= 0, "trainmem::save: cannot create '", temp.path, "': ", std::strerror(open_error));
   detail::write_all(temp.fd, header.data(), header.size(), temp.path);
   detail::write_all(temp.fd, body.data(), body.size(), temp.path);
-  detail::check(::fsync(temp.fd) == 0, "trainmem::save: fsync of '", temp.path, "' failed: ", std::strerror(errno));
+  const int synced = ::fsync(temp.fd);
+  const int sync_error = errno;
+  detail::check(synced == 0, "trainmem::save: fsync of '", temp.path, "' failed: ", std::strerror(sync_error));
   const int closed = ::close(temp.fd);
+  const int close_error = errno;
   temp.fd = -1;
-  detail::check(closed == 0, "trainmem::save: closing '", temp.path, "' failed: ", std::strerror(errno));
-  detail::check(::rename(temp.path.c_str(), path.c_str()) == 0, "trainmem::save: renaming '", temp.path, "' to '",
-                path.string(), "' failed: ", std::strerror(errno));
+  detail::check(closed == 0, "trainmem::save: closing '", temp.path, "' failed: ", std::strerror(close_error));
+  const int renamed = ::rename(temp.path.c_str(), path.c_str());
+  const int rename_error = errno;
+  detail::check(renamed == 0, "trainmem::save: renaming '", temp.path, "' to '", path.string(),
+                "' failed: ", std::strerror(rename_error));
   temp.keep = true;
   // The rename is durable once the directory entry is: fsync the directory (best effort:
   // some file systems refuse to open a directory for it).
@@ -154,6 +164,12 @@ inline void save(const std::filesystem::path& path, const StateDict& state) {
 /// truncated, checksum, malformed entry) before anything is returned.
 inline StateDict load(const std::filesystem::path& path) {
   const std::string name = path.string();
+  std::error_code error;
+  const std::filesystem::file_status status = std::filesystem::status(path, error);
+  detail::check(std::filesystem::exists(status), "trainmem::load: cannot open '", name,
+                "': ", error ? error.message() : std::string("no such file"));
+  detail::check(std::filesystem::is_regular_file(status), "trainmem::load: '", name,
+                "' is not a regular file (a directory?)");
   std::ifstream in(path, std::ios::binary);
   detail::check(static_cast<bool>(in), "trainmem::load: cannot open '", name, "'");
   std::vector<std::byte> file;
