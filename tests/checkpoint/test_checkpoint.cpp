@@ -556,6 +556,27 @@ TEST_CASE("a region whose fn throws leaves no save hook on the tape", "[checkpoi
   CHECK(x.grad().defined());
 }
 
+TEST_CASE("an empty policy function is refused when the region opens, before fn runs", "[checkpoint][errors]") {
+  nn::Init init(5);
+  nn::Linear<B> layer(8, 8, init);
+  Tape<B> tape;
+  auto x = tape.input(T::from_host({4, 8}, wave(32, 0.2)), true);
+  int calls = 0;
+  auto fn = [&](const Var<B>& v) {
+    ++calls;
+    return layer(v);
+  };
+  const auto regions = checkpoint_stats().regions;
+  CHECK_THROWS_WITH(checkpoint(tape, CheckpointOptions{.policy = Policy{}}, fn, x),
+                    Catch::Contains("the region's policy is an empty function"));
+  CHECK(calls == 0);
+  CHECK(checkpoint_stats().regions == regions);
+  CHECK(tape.hook() == nullptr);
+  CHECK_THROWS_WITH(policy::save_if(nullptr), Catch::Contains("policy::save_if: the predicate is an empty function"));
+  CHECK_THROWS_WITH(policy::prefer(policy::save_matmuls(), Policy{}),
+                    Catch::Contains("policy::prefer: the second policy is an empty function"));
+}
+
 TEST_CASE("checkpoint_name on an earlier region's output keeps it without skipping the naming region's ops",
           "[checkpoint][policy]") {
   nn::Init init(6);

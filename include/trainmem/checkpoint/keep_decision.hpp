@@ -13,6 +13,7 @@
 
 #include "trainmem/checkpoint/kept_outputs.hpp"
 #include "trainmem/checkpoint/options.hpp"
+#include "trainmem/error.hpp"
 
 namespace trainmem {
 namespace detail {
@@ -21,7 +22,10 @@ namespace detail {
 template <class B>
 class KeepDecision {
  public:
-  KeepDecision(Policy policy, std::size_t memory_budget) : policy_(std::move(policy)), memory_budget_(memory_budget) {}
+  KeepDecision(Policy policy, std::size_t memory_budget) : policy_(std::move(policy)), memory_budget_(memory_budget) {
+    check(static_cast<bool>(policy_),
+          "checkpoint: the region's policy is an empty function (use policy::recompute_all() to keep nothing)");
+  }
 
   /// Applies the policy to `outputs` (op_index -1: keep without skipping their producer
   /// in recompute); returns whether they stay in device memory, kept by the region.

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "trainmem/autograd/op_identity.hpp"
+#include "trainmem/error.hpp"
 
 namespace trainmem {
 
@@ -84,6 +85,7 @@ inline Policy save_names(std::vector<std::string> names) {
 
 /// Keep what `predicate(kind, bytes, flops)` accepts (PREFER: a budget may override).
 inline Policy save_if(std::function<bool(OpKind, std::size_t, double)> predicate) {
+  detail::check(static_cast<bool>(predicate), "policy::save_if: the predicate is an empty function");
   return [predicate = std::move(predicate)](const OpSummary& s) {
     return predicate(s.op.kind, s.bytes, s.flops) ? kPreferSave : kPreferRecompute;
   };
@@ -102,6 +104,7 @@ inline Policy offload_all() {
 
 /// The first policy's MUST decisions win; otherwise the second decides.
 inline Policy prefer(Policy first, Policy second) {
+  detail::check(first && second, "policy::prefer: the ", first ? "second" : "first", " policy is an empty function");
   return [first = std::move(first), second = std::move(second)](const OpSummary& s) {
     const PolicyDecision a = first(s);
     return a.strength == Strength::Must ? a : second(s);
