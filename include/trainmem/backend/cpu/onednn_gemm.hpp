@@ -110,9 +110,14 @@ inline bool onednn_bf16_wins() {
 /// On an AMD Zen 4 core (AVX-512) oneDNN's F32 matmul measured 1.24-1.51x Eigen's at
 /// every shape from 64^3 to 4096x512x128 on 2 threads, the step shapes of the MLP chain
 /// and the transformer included, so there it takes every product with m, n, k >= 64. On
-/// Intel cores it was measured faster only at 512 and above (1.1-1.3x by best reps).
+/// an Intel core without AMX (a Xeon, family 6 model 207) it was measured
+/// faster only at 512 and above (1.1-1.3x by best reps). On an Intel Xeon with AMX (family
+/// 6 model 167, 2026-12-05) its F32 kernel (brg:avx512_core) measured 1.09-1.94x Eigen's at
+/// every shape from 64^3 to 1024^3, the MLP chain's and the transformer's included, so
+/// there too it takes every product from 64 up.
 inline std::int64_t onednn_f32_min_dim() {
-  static const std::int64_t min_dim = onednn_isa_has(dnnl_cpu_isa_avx512_core) && cpu_is_amd() ? 64 : 512;
+  static const std::int64_t min_dim =
+      onednn_isa_has(dnnl_cpu_isa_avx512_core) && (cpu_is_amd() || onednn_has_amx()) ? 64 : 512;
   return min_dim;
 }
 
