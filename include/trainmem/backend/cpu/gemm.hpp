@@ -341,14 +341,15 @@ namespace trainmem::cpu {
 // with AMX (oneDNN 2.6 has no F16 kernel on AVX512 cores). F32 operands go to oneDNN when
 // m, n and k are all at least onednn_f32_min_dim(): 512 on Intel cores without AMX, the
 // shape class where its F32 kernel measured 1.1-1.3x Eigen's, and 64 on an AMD core with
-// AVX-512 (1.24-1.51x from 64^3 up) and on an Intel Xeon with AMX (1.09-1.94x from 64^3 up;
-// docs/mixed-precision.md); smaller and thinner products stay with Eigen. F64 always goes to Eigen. oneDNN's reference (non-JIT)
-// kernels never count as a kernel. The rule is one of ISA, vendor and shape, not a
-// run-time timing probe: a probe on a shared machine measures the neighbours, and the
-// path must not change between two runs on one machine (the paths round differently).
-// TRAINMEM_CPU_GEMM=eigen (or widen) | onednn | auto forces a path for every dtype
-// (read once; force_gemm_path() changes it), so tests and benchmarks exercise each path
-// on any CPU; a forced oneDNN falls back to Eigen where oneDNN has no kernel.
+// AVX-512 (1.24-1.51x from 64^3 up) and on an Intel Xeon with AMX (1.09-1.94x from 64^3
+// up; docs/mixed-precision.md); smaller and thinner products stay with Eigen. F64 always
+// goes to Eigen. oneDNN's reference (non-JIT) kernels never count as a kernel. The rule
+// is one of ISA, vendor and shape, not a run-time timing probe: a probe on a shared
+// machine measures the neighbours, and the path must not change between two runs on one
+// machine (the paths round differently). TRAINMEM_CPU_GEMM=eigen (or widen) | onednn |
+// auto forces a path for every dtype (read once; force_gemm_path() changes it), so tests
+// and benchmarks exercise each path on any CPU; a forced oneDNN falls back to Eigen where
+// oneDNN has no kernel.
 
 /// \brief Which CPU GEMM path to take: the measured rule, or one path forced.
 enum class GemmPath { Auto, Eigen, OneDnn };
