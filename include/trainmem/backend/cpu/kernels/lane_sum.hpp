@@ -4,14 +4,14 @@
 // compiler may not reorder it, so it runs scalar at one add per FP latency (a LayerNorm
 // over 512 x 128 f32 took 78 us forward and 133 us backward on a Zen 4 core pair, 7 GB/s).
 // Partial sums in lanes let it run in SIMD: 18 and 32 us. The lanes are explicit, 16 of
-// them (term c goes to lane c mod 16), added in a fixed tree at the end, so the order is
-// the code's, not the compiler's: `omp simd reduction` would leave the lane count to the
-// vectorizer, which picks it per instantiation and per target (a bf16 row and its f32
-// widening summed in different orders on an Intel Xeon, whose tuning prefers 256-bit
-// vectors, and gave layer_norm rstd values 1 ulp apart). So a result is the same bits
-// for every input dtype, thread count and call (the forward and a checkpoint's
-// recompute agree), whatever vector width the compiler picks, and its error is that of
-// the lanes' shorter sums.
+// them (term c goes to lane c mod 16), added in a fixed tree at the end; a row shorter
+// than 16 is summed in order. So the order is the code's, not the compiler's: `omp simd
+// reduction` would leave the lane count to the vectorizer, which picks it per
+// instantiation and per target (a bf16 row and its f32 widening summed in different
+// orders on an Intel Xeon, whose tuning prefers 256-bit vectors, and gave layer_norm
+// rstd values 1 ulp apart). A result is the same bits for every input dtype, thread
+// count and call (the forward and a checkpoint's recompute agree), whatever vector width
+// the compiler picks, and its error is that of the lanes' shorter sums.
 #pragma once
 
 #include <array>
@@ -33,9 +33,15 @@ Acc fold_lanes(const std::array<Acc, kSumLanes>& lanes) {
   return (quarter[0] + quarter[2]) + (quarter[1] + quarter[3]);
 }
 
-/// Sum of term(c) for c in [0, n) in Acc, in 16 lanes.
+/// Sum of term(c) for c in [0, n) in Acc, in 16 lanes (in order when n < 16, where lanes
+/// and their fold would cost more than the sum: a LayerNorm on [4, 4] took 2.5x as long).
 template <class Acc, class Term>
 Acc lane_sum(std::int64_t n, Term&& term) {
+  if (n < kSumLanes) {
+    Acc sum = 0;
+    for (std::int64_t c = 0; c < n; ++c) sum += term(c);
+    return sum;
+  }
   std::array<Acc, kSumLanes> lanes{};
   const std::int64_t full = n - n % kSumLanes;
   for (std::int64_t c = 0; c < full; c += kSumLanes) {
@@ -49,6 +55,13 @@ Acc lane_sum(std::int64_t n, Term&& term) {
 /// The two sums of terms(c, a, b) (which adds to a and b) in 16 lanes each, as lane_sum.
 template <class Acc, class Terms>
 void lane_sum2(std::int64_t n, Terms&& terms, Acc& sum_a, Acc& sum_b) {
+  if (n < kSumLanes) {
+    Acc a = 0, b = 0;
+    for (std::int64_t c = 0; c < n; ++c) terms(c, a, b);
+    sum_a = a;
+    sum_b = b;
+    return;
+  }
   std::array<Acc, kSumLanes> a{}, b{};
   const std::int64_t full = n - n % kSumLanes;
   for (std::int64_t c = 0; c < full; c += kSumLanes) {
