@@ -8,6 +8,8 @@
 #include <bit>
 #include <catch2/catch.hpp>
 #include <cstdint>
+#include <iterator>
+#include <limits>
 #include <type_traits>
 #include <vector>
 
@@ -104,6 +106,37 @@ TEST_CASE("16-bit element-wise maps give the element-by-element bits", "[backend
       check.operator()<Half, double>();  // double accumulators
       check.operator()<double, BFloat16>();
       check.operator()<double, float>();
+    }
+  }
+  SECTION("casts, each dtype pair, with NaN, infinities, subnormals and ties") {
+    const trainmem::math::Identity identity;
+    for (const std::int64_t n : lengths) {
+      INFO("n = " << n);
+      auto check = [&]<class TIn, class TOut>() {
+        auto in = random_values<TIn>(static_cast<std::size_t>(n), 5);
+        const double specials[] = {std::numeric_limits<double>::quiet_NaN(),
+                                   std::numeric_limits<double>::infinity(),
+                                   -std::numeric_limits<double>::infinity(),
+                                   1e-40,
+                                   -3e-39,
+                                   1.00390625,
+                                   65520.0,
+                                   -0.0};
+        for (std::size_t i = 0; i < std::size(specials) && i < in.size(); ++i)
+          in[in.size() - 1 - i] = trainmem::detail::narrow<TIn>(specials[i]);
+        std::vector<TOut> out(in.size()), expected(in.size());
+        for (std::size_t i = 0; i < in.size(); ++i)
+          expected[i] = trainmem::detail::narrow<TOut>(trainmem::detail::widen(in[i]));
+        kernels::map_unary(identity, operand(in), result(out), n);
+        CHECK(differing(out, expected) == 0);
+      };
+      check.operator()<float, BFloat16>();  // the converters' pairs
+      check.operator()<BFloat16, float>();
+      check.operator()<float, Half>();
+      check.operator()<Half, float>();
+      check.operator()<BFloat16, Half>();  // the block path's
+      check.operator()<double, BFloat16>();
+      check.operator()<float, double>();
     }
   }
   SECTION("unary in place") {

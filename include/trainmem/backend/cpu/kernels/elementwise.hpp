@@ -16,6 +16,7 @@
 #include "trainmem/backend/cpu/kernels/parallel.hpp"
 #include "trainmem/core/axis_view.hpp"
 #include "trainmem/core/dtype.hpp"
+#include "trainmem/core/math.hpp"
 
 namespace trainmem::cpu::kernels {
 
@@ -198,9 +199,30 @@ void map_binary(BinaryLoop<Acc> loop, Operand a, Operand b, Result out, const Ax
 }
 }  // namespace blocks
 
+/// A cast between f32 and a 16-bit dtype: the bulk converter over each chunk, nothing
+/// else (the block path would copy every element once more between widening and
+/// narrowing). The same converters, so the same bits. False for other dtype pairs.
+inline bool cast_by_converter(Operand in, Result out, std::int64_t n) {
+  const bool widen = is_16bit(in.dtype) && out.dtype == DType::F32;
+  if (!widen && !(in.dtype == DType::F32 && is_16bit(out.dtype))) return false;
+  visit_floating(widen ? in.dtype : out.dtype, "cast", [&]<class T>() {
+    if constexpr (std::is_same_v<T, BFloat16> || std::is_same_v<T, Half>) {
+      blocks::for_chunks(n, n > kParallelGrain, [&](std::int64_t s, std::int64_t m) {
+        const auto count = static_cast<std::size_t>(m);
+        if (widen) widen_to_float(static_cast<const T*>(in.data) + s, static_cast<float*>(out.data) + s, count);
+        else narrow_from_float(static_cast<const float*>(in.data) + s, static_cast<T*>(out.data) + s, count);
+      });
+    }
+  });
+  return true;
+}
+
 /// out = op(in) over n elements; in and out may differ in dtype (a cast is map(Identity)).
 template <class Op>
 void map_unary(const Op& op, Operand in, Result out, std::int64_t n) {
+  if constexpr (std::is_same_v<Op, math::Identity>) {
+    if (cast_by_converter(in, out, n)) return;
+  }
   if (n <= kParallelGrain && in.dtype == DType::F32 && out.dtype == DType::F32) {  // as in map_binary
     blocks::unary_loop<Op, float>(&op, static_cast<const float*>(in.data), static_cast<float*>(out.data), n);
     return;
