@@ -317,20 +317,56 @@ namespace trainmem::math {
 // --- optimizer updates: one element of (param, grad, first and second optimizer state) ----
 // `grad_scale` multiplies the gradient first (1/loss_scale when the step also unscales).
 
+// NOTE [Update flags fixed for the loop]
+// SGD's flags (momentum or not, Nesterov, first step) are run-time values, the same for
+// every element. A loop that branches on them does not vectorise under GCC -O2, which
+// does not unswitch loops: SGD ran at 1.2 ns per element on one core. So the formula is
+// written once with the flags as template parameters (SgdUpdate::Fixed), and
+// `visit_fixed(f)` calls f with the variant for this update's flags: a backend's loop
+// over a tensor asks once, then runs a loop with no branch in it. operator() is the
+// same dispatch per element, for loops that take any update functor.
+
 /// SGD with momentum, dampening, Nesterov and L2 weight decay (PyTorch's torch.optim.SGD).
 struct SgdUpdate {
   double lr, momentum, dampening, weight_decay, grad_scale;
   bool nesterov, first_step;
+
+  template <bool kMomentum, bool kNesterov, bool kFirst>
+  struct Fixed;
+  /// f(Fixed<...>{*this}) for this update's flags (NOTE [Update flags fixed for the loop]).
+  template <class F>
+  TRAINMEM_HOST_DEVICE void visit_fixed(F&& f) const;
   template <class T>
-  TRAINMEM_HOST_DEVICE void operator()(T& p, T g, T& buffer, T& /*unused*/) const {
-    g = g * static_cast<T>(grad_scale) + static_cast<T>(weight_decay) * p;
-    if (momentum != 0.0) {
-      buffer = first_step ? g : static_cast<T>(momentum) * buffer + static_cast<T>(1.0 - dampening) * g;
-      g = nesterov ? g + static_cast<T>(momentum) * buffer : buffer;
-    }
-    p -= static_cast<T>(lr) * g;
+  TRAINMEM_HOST_DEVICE void operator()(T& p, T g, T& buffer, T& unused) const {
+    visit_fixed([&](const auto& fixed) { fixed(p, g, buffer, unused); });
   }
 };
+
+/// SgdUpdate with its flags as compile-time constants.
+template <bool kMomentum, bool kNesterov, bool kFirst>
+struct SgdUpdate::Fixed {
+  SgdUpdate u;
+  template <class T>
+  TRAINMEM_HOST_DEVICE void operator()(T& p, T g, T& buffer, T& /*unused*/) const {
+    g = g * static_cast<T>(u.grad_scale) + static_cast<T>(u.weight_decay) * p;
+    if constexpr (kMomentum) {
+      if constexpr (kFirst) buffer = g;
+      else buffer = static_cast<T>(u.momentum) * buffer + static_cast<T>(1.0 - u.dampening) * g;
+      if constexpr (kNesterov) g = g + static_cast<T>(u.momentum) * buffer;
+      else g = buffer;
+    }
+    p -= static_cast<T>(u.lr) * g;
+  }
+};
+
+template <class F>
+TRAINMEM_HOST_DEVICE void SgdUpdate::visit_fixed(F&& f) const {
+  if (momentum == 0.0) f(Fixed<false, false, false>{*this});
+  else if (nesterov && first_step) f(Fixed<true, true, true>{*this});
+  else if (nesterov) f(Fixed<true, true, false>{*this});
+  else if (first_step) f(Fixed<true, false, true>{*this});
+  else f(Fixed<true, false, false>{*this});
+}
 
 /// AdamW with decoupled weight decay (Loshchilov & Hutter; PyTorch's torch.optim.AdamW).
 /// `bias1` and `bias2` are 1 - beta^t for the step t being taken.

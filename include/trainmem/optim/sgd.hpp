@@ -22,11 +22,16 @@ namespace detail {
 struct SgdCountedUpdate {
   math::SgdUpdate update;
   const double* steps_applied;  // including this one
-  template <class T>
-  TRAINMEM_HOST_DEVICE void operator()(T& p, T g, T& buffer, T& unused) const {
+  /// As SgdUpdate::visit_fixed, with the first step read from the count.
+  template <class F>
+  TRAINMEM_HOST_DEVICE void visit_fixed(F&& f) const {
     math::SgdUpdate u = update;
     u.first_step = steps_applied[0] == 1.0;
-    u(p, g, buffer, unused);
+    u.visit_fixed(f);
+  }
+  template <class T>
+  TRAINMEM_HOST_DEVICE void operator()(T& p, T g, T& buffer, T& unused) const {
+    visit_fixed([&](const auto& fixed) { fixed(p, g, buffer, unused); });
   }
 };
 }  // namespace detail

@@ -6,8 +6,11 @@
 // writer type: none, nearest-even, or stochastic bf16.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
+#include "trainmem/backend/cpu/convert.hpp"
 #include "trainmem/backend/cpu/kernels/parallel.hpp"
 #include "trainmem/core/dtype.hpp"
 #include "trainmem/core/rng.hpp"
@@ -15,32 +18,64 @@
 
 namespace trainmem::cpu::kernels {
 
-/// Applies an optimizer update element by element: param (the f32/f64 master) and the
-/// optional moments are updated in place; the gradient is widened; `store_copy(i, value)`
-/// writes the 16-bit model copy from the updated value in the same pass (or nothing).
+/// The update loop over one tensor, a block of elements at a time: the block's gradient
+/// widened to TP, then one simd loop of the functor over raw pointers (a missing moment
+/// points at zeros in scratch), then the model copy.
 template <class Update, class TP, class TG, class StoreCopy>
-void apply_update(Update update, TP* param, const TG* grad, TP* first_moment, TP* second_moment, std::int64_t n,
-                  StoreCopy store_copy) {
-  parallel_for(n, n > kParallelGrain, [&](std::int64_t i) {
-    TP unused1 = 0, unused2 = 0;
-    TP& s1 = first_moment ? first_moment[i] : unused1;
-    TP& s2 = second_moment ? second_moment[i] : unused2;
-    update(param[i], static_cast<TP>(detail::widen(grad[i])), s1, s2);
-    store_copy(i, param[i]);
+void update_blocks(const Update& update, TP* param, const TG* grad, TP* first_moment, TP* second_moment, std::int64_t n,
+                   StoreCopy store_copy) {
+  constexpr std::int64_t kBlock = 256;
+  parallel_for((n + kBlock - 1) / kBlock, n > kParallelGrain, [&](std::int64_t b) {
+    const std::int64_t s = b * kBlock, m = std::min(kBlock, n - s);
+    alignas(64) TP g_block[kBlock], zeros1[kBlock], zeros2[kBlock];
+    const TP* g = g_block;
+    if constexpr (std::is_same_v<TG, TP>) g = grad + s;
+    else if constexpr (std::is_same_v<TP, float>) widen_to_float(grad + s, g_block, static_cast<std::size_t>(m));
+    else
+      for (std::int64_t i = 0; i < m; ++i) g_block[i] = static_cast<TP>(detail::widen(grad[s + i]));
+    TP* p = param + s;
+    TP* s1 = first_moment ? first_moment + s : zeros1;
+    TP* s2 = second_moment ? second_moment + s : zeros2;
+    if (!first_moment) std::fill_n(zeros1, m, TP(0));
+    if (!second_moment) std::fill_n(zeros2, m, TP(0));
+#pragma omp simd
+    for (std::int64_t i = 0; i < m; ++i) update(p[i], g[i], s1[i], s2[i]);
+    store_copy.store(s, p, m);
   });
 }
 
-/// Model-copy writers for apply_update.
+/// Applies an optimizer update element by element: param (the f32/f64 master) and the
+/// optional moments are updated in place; the gradient is widened; `store_copy` writes the
+/// 16-bit model copy from the updated values in the same pass (or nothing). An
+/// update with run-time flags is asked for its fixed-flag variant once, so the loop has
+/// no branch on them (NOTE [Update flags fixed for the loop] in core/math.hpp).
+template <class Update, class TP, class TG, class StoreCopy>
+void apply_update(Update update, TP* param, const TG* grad, TP* first_moment, TP* second_moment, std::int64_t n,
+                  StoreCopy store_copy) {
+  if constexpr (requires { update.visit_fixed([](const auto&) {}); }) {
+    update.visit_fixed(
+        [&](const auto& fixed) { update_blocks(fixed, param, grad, first_moment, second_moment, n, store_copy); });
+  } else {
+    update_blocks(update, param, grad, first_moment, second_moment, n, store_copy);
+  }
+}
+
+/// Model-copy writers for apply_update: store(s, values, m) writes copy[s, s + m) from the
+/// block's updated values.
 struct NoCopy {
   template <class TP>
-  void operator()(std::int64_t, TP) const {}
+  void store(std::int64_t, const TP*, std::int64_t) const {}
 };
 template <class TC>
 struct NearestCopy {
   TC* copy;
   template <class TP>
-  void operator()(std::int64_t i, TP value) const {
-    copy[i] = detail::narrow<TC>(value);
+  void store(std::int64_t s, const TP* values, std::int64_t m) const {
+    if constexpr (std::is_same_v<TP, float>) {
+      narrow_from_float(values, copy + s, static_cast<std::size_t>(m));  // detail::narrow's bits, 16 at a time
+    } else {
+      for (std::int64_t i = 0; i < m; ++i) copy[s + i] = detail::narrow<TC>(values[i]);
+    }
   }
 };
 /// Rounds element i with draw i of `rng`, so the result does not depend on how the loop is split.
@@ -48,8 +83,11 @@ struct StochasticBf16Copy {
   BFloat16* copy;
   RngState rng;
   template <class TP>
-  void operator()(std::int64_t i, TP value) const {
-    copy[i] = bf16_round_stochastic(static_cast<float>(value), detail::random_bits(rng, static_cast<std::uint64_t>(i)));
+  void store(std::int64_t s, const TP* values, std::int64_t m) const {
+    for (std::int64_t i = 0; i < m; ++i) {
+      const auto at = static_cast<std::uint64_t>(s + i);
+      copy[s + i] = bf16_round_stochastic(static_cast<float>(values[i]), detail::random_bits(rng, at));
+    }
   }
 };
 
