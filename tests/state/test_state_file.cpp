@@ -124,7 +124,7 @@ TEST_CASE("save replaces the file by rename and leaves no temporary behind", "[s
                        ErrorContains("failed: " + std::string(std::strerror(EISDIR))));
   CHECK(std::filesystem::is_directory(dir / "d.tmstate" / "inside"));
   files = 0;
-  for (const auto& e : std::filesystem::directory_iterator(dir)) ++files;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator(dir)) ++files;
   CHECK(files == 2);  // b.tmstate and the directory, no temporary
   std::filesystem::remove_all(dir);
 }

@@ -4,7 +4,7 @@
 // once over a backend type B and calls only what the Backend concept below lists:
 // storage with byte accounting, the kernels, and the fused optimizer update with the
 // loss scaler's device side. Capabilities a backend may lack are concepts of their
-// own (HasGemmBias, HasOffload), and callers test them with `if constexpr`. Each
+// own (HasGemmBias, HasMapPair, HasOffload), and callers test them with `if constexpr`. Each
 // backend header static_asserts the concept, so a missing or misspelt method fails
 // where the backend is defined, not deep inside an op.
 //
@@ -105,6 +105,13 @@ concept Backend = BackendStorage<B> && BackendKernels<B> && BackendFusedUpdate<B
 template <class B>
 concept HasGemmBias = requires(B& backend, const GemmArgs& args, const Tensor<B>& t) {
   backend.gemm_bias(args, t, t, t, t, false);
+};
+
+/// A backend with two-result element-wise maps (feed_forward's backward makes GELU's value
+/// and gradient in one pass with it, and in two passes without).
+template <class B>
+concept HasMapPair = requires(B& backend, const Tensor<B>& t) {
+  backend.map_pair(math::GeluTanhBackwardAndValue{}, t, t, t, t);
 };
 
 /// A backend that can move a tensor to host memory and back off its main stream

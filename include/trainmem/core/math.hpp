@@ -174,19 +174,51 @@ struct Pow {
   }
 };
 
+// GELU's pieces, each expression written once: the forward, the backward and the pass
+// that makes both at once (GeluTanhBackwardAndValue, for feed_forward's backward) share
+// them, so all three give the same bits. t is the tanh (or erf) both sides need.
+template <class T>
+TRAINMEM_HOST_DEVICE T gelu_tanh_t(T x) {
+  const T k = T(0.7978845608028654), c = T(0.044715);
+  return tanh(k * (x + c * x * x * x));
+}
+template <class T>
+TRAINMEM_HOST_DEVICE T gelu_tanh_value(T x, T t) {
+  return T(0.5) * x * (T(1) + t);
+}
+template <class T>
+TRAINMEM_HOST_DEVICE T gelu_tanh_slope(T x, T t) {
+  const T k = T(0.7978845608028654), c = T(0.044715);
+  const T dinner = k * (T(1) + T(3) * c * x * x);
+  return T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * dinner;
+}
+template <class T>
+TRAINMEM_HOST_DEVICE T gelu_erf_t(T x) {
+  return erf(x * T(0.7071067811865476));
+}
+template <class T>
+TRAINMEM_HOST_DEVICE T gelu_erf_value(T x, T t) {
+  return T(0.5) * x * (T(1) + t);
+}
+template <class T>
+TRAINMEM_HOST_DEVICE T gelu_erf_slope(T x, T t) {
+  const T cdf = T(0.5) * (T(1) + t);
+  const T pdf = T(0.3989422804014327) * exp(T(-0.5) * x * x);
+  return cdf + x * pdf;
+}
+
 /// GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 struct GeluTanh {
   template <class T>
   TRAINMEM_HOST_DEVICE T operator()(T x) const {
-    const T k = T(0.7978845608028654), c = T(0.044715);
-    return T(0.5) * x * (T(1) + tanh(k * (x + c * x * x * x)));
+    return gelu_tanh_value(x, gelu_tanh_t(x));
   }
 };
 /// GELU, exact: x Phi(x) = 0.5 x (1 + erf(x / sqrt 2)).
 struct GeluErf {
   template <class T>
   TRAINMEM_HOST_DEVICE T operator()(T x) const {
-    return T(0.5) * x * (T(1) + erf(x * T(0.7071067811865476)));
+    return gelu_erf_value(x, gelu_erf_t(x));
   }
 };
 
@@ -245,19 +277,34 @@ struct PowBackward {
 struct GeluTanhBackward {  // saved: input x
   template <class T>
   TRAINMEM_HOST_DEVICE T operator()(T dy, T x) const {
-    const T k = T(0.7978845608028654), c = T(0.044715);
-    const T inner = k * (x + c * x * x * x);
-    const T t = tanh(inner);
-    const T dinner = k * (T(1) + T(3) * c * x * x);
-    return dy * (T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * dinner);
+    return dy * gelu_tanh_slope(x, gelu_tanh_t(x));
   }
 };
 struct GeluErfBackward {  // saved: input x
   template <class T>
   TRAINMEM_HOST_DEVICE T operator()(T dy, T x) const {
-    const T cdf = T(0.5) * (T(1) + erf(x * T(0.7071067811865476)));
-    const T pdf = T(0.3989422804014327) * exp(T(-0.5) * x * x);
-    return dy * (cdf + x * pdf);
+    return dy * gelu_erf_slope(x, gelu_erf_t(x));
+  }
+};
+
+// --- two outputs: (dy, x) -> (dx, y) -------------------------------------------------
+/// GELU's backward and its value in one pass, the tanh once: dx = GeluTanhBackward(dy, x)
+/// and y = GeluTanh(x), bit for bit.
+struct GeluTanhBackwardAndValue {
+  template <class T>
+  TRAINMEM_HOST_DEVICE void operator()(T dy, T x, T& dx, T& y) const {
+    const T t = gelu_tanh_t(x);
+    dx = dy * gelu_tanh_slope(x, t);
+    y = gelu_tanh_value(x, t);
+  }
+};
+/// As GeluTanhBackwardAndValue for the exact GELU, the erf once.
+struct GeluErfBackwardAndValue {
+  template <class T>
+  TRAINMEM_HOST_DEVICE void operator()(T dy, T x, T& dx, T& y) const {
+    const T t = gelu_erf_t(x);
+    dx = dy * gelu_erf_slope(x, t);
+    y = gelu_erf_value(x, t);
   }
 };
 

@@ -8,7 +8,8 @@
 // and recomputes h when it needs it: the same kernels in the same order, so the values
 // and gradients are bit for bit those of the three ops (up to kFeedForwardRowChunk rows;
 // see below), in 5/9 of the kept bytes (dim + hidden instead of dim + 2 hidden per row).
-// z is saved ahead (OpRecorder::save_ahead): a region's recompute that needs nothing
+// Backward makes h and GELU's gradient together, one tanh per element (map_pair, where
+// the backend has it). z is saved ahead (OpRecorder::save_ahead): a region's recompute that needs nothing
 // after z (z is the last thing a transformer block saves) ends after the first linear,
 // without GELU and the second linear: a third of the matmul work of a block's forward.
 //
@@ -35,16 +36,47 @@ namespace trainmem {
 namespace detail {
 inline constexpr OpInfo kFeedForwardOp{"feed_forward", OpKind::Matmul, AutocastCategory::LowerPrecision};
 
-/// h = gelu(z), and GELU's backward dz = gelu'(z) dh, in the activation ops' kernels.
+/// h = gelu(z), in the activation op's kernel.
 template <class B>
 Tensor<B> gelu_of(const Tensor<B>& z, GeluApproximation approximation) {
   return approximation == GeluApproximation::Tanh ? unary(math::GeluTanh{}, z, z.dtype())
                                                   : unary(math::GeluErf{}, z, z.dtype());
 }
+
+/// What backward makes past the second linear, from dy [n, out] and z [n, hidden]: h =
+/// gelu(z) when the second linear's weight gradient needs it, and dz = gelu'(z) dh with
+/// dh = dy W_down when a gradient reaches the first linear, dz in dh's storage (two
+/// [n, hidden] tensors live, as in the three-op form). With both wanted, on a backend
+/// with map_pair, h and dz come from one pass (tanh or erf once per element).
 template <class B>
-Tensor<B> gelu_backward_of(const Tensor<B>& dh, const Tensor<B>& z, GeluApproximation approximation) {
-  return approximation == GeluApproximation::Tanh ? binary(math::GeluTanhBackward{}, dh, z, dh.dtype())
-                                                  : binary(math::GeluErfBackward{}, dh, z, dh.dtype());
+struct GeluBackward {
+  Tensor<B> h, dz;
+};
+template <class B>
+GeluBackward<B> gelu_backward_and_value(const Tensor<B>& dy, const Tensor<B>& z, const Tensor<B>& w_down, bool need_h,
+                                        bool need_dz, GeluApproximation approximation) {
+  B& backend = dy.backend();
+  const std::int64_t n = dy.rows(), out = dy.cols(), hidden = z.cols();
+  GeluBackward<B> r;
+  if (need_dz) {
+    r.dz = new_tensor(backend, Shape{n, hidden}, dy.dtype());
+    gemm(dy, false, w_down, false, r.dz, 1, n, hidden, out);  // dh, made dz below
+  }
+  if constexpr (HasMapPair<B>) {
+    if (need_h && need_dz) {
+      r.h = new_tensor(backend, z.shape(), z.dtype());
+      if (approximation == GeluApproximation::Tanh)
+        backend.map_pair(math::GeluTanhBackwardAndValue{}, r.dz, z, r.dz, r.h);
+      else backend.map_pair(math::GeluErfBackwardAndValue{}, r.dz, z, r.dz, r.h);
+      return r;
+    }
+  }
+  if (need_h) r.h = gelu_of(z, approximation);
+  if (need_dz) {
+    if (approximation == GeluApproximation::Tanh) backend.map(math::GeluTanhBackward{}, r.dz, z, r.dz);
+    else backend.map(math::GeluErfBackward{}, r.dz, z, r.dz);
+  }
+  return r;
 }
 
 /// Rows per chunk of feed_forward's backward (NOTE [Feed-forward backward in row chunks]).
@@ -80,17 +112,15 @@ std::vector<Tensor<B>> feed_forward_backward_chunked(const FeedForwardBackward<B
     const std::int64_t r1 = std::min(rows, r0 + kFeedForwardRowChunk), n = r1 - r0;
     const double beta = r0 == 0 ? 0.0 : 1.0;  // the first chunk writes the sums, the rest add to them
     const Tensor<B> dy_c = dy.slice(r0, r1), z_c = f.z.slice(r0, r1);
+    GeluBackward<B> gelu = gelu_backward_and_value(dy_c, z_c, f.w_down, f.need_w_down, need_dz, f.approximation);
     if (f.need_w_down) {
-      const Tensor<B> h_c = gelu_of(z_c, f.approximation);
       GemmArgs args = gemm_args(true, false, 1, out, hidden, n);
       args.beta = beta;
-      backend.gemm(args, dy_c, h_c, dw_down);
+      backend.gemm(args, dy_c, gelu.h, dw_down);
+      gelu.h = Tensor<B>();
     }
     if (!need_dz) continue;
-    Tensor<B> dh_c = new_tensor(backend, Shape{n, hidden}, dtype);
-    gemm(dy_c, false, f.w_down, false, dh_c, 1, n, hidden, out);
-    const Tensor<B> dz_c = gelu_backward_of(dh_c, z_c, f.approximation);
-    dh_c = Tensor<B>();
+    const Tensor<B>& dz_c = gelu.dz;
     if (f.need_x) gemm(dz_c, false, f.w_up, false, g[0].slice(r0, r1), 1, n, dim, hidden);
     if (f.need_w_up) {
       GemmArgs args = gemm_args(true, false, 1, hidden, dim, n);
@@ -186,19 +216,20 @@ Var<B> feed_forward(const Var<B>& x, const Var<B>& w_up, const Var<B>& b_up, con
       if (has_b_down) grads[i_b_down] = g2[4];
       return grads;
     }
-    Grads<B> down(3);  // dh, dW_down, db_down
-    {
-      // h again, for the second linear's weight gradient only; freed before GELU's backward.
-      const Tensor<B> h = need_w_down ? detail::gelu_of(z, approximation) : Tensor<B>();
-      detail::linear_backward(g[0], z_shape, need_dz ? saved_w_down.unpack() : Tensor<B>(), h, need_dz, need_w_down,
-                              need_b_down, down);
-    }
+    // h again, for the second linear's weight gradient; dz for the first linear's.
+    const Tensor<B> dy = g[0].reshape(Shape{rows, out_features});
+    detail::GeluBackward<B> gelu;
+    if (z.defined())
+      gelu = detail::gelu_backward_and_value(dy, z.reshape(Shape{rows, hidden}),
+                                             need_dz ? saved_w_down.unpack() : Tensor<B>(), need_w_down, need_dz,
+                                             approximation);
+    Grads<B> down(3);  // -, dW_down, db_down
+    detail::linear_backward(dy, Shape{rows, hidden}, Tensor<B>(), gelu.h, false, need_w_down, need_b_down, down);
+    gelu.h = Tensor<B>();
     grads[2] = down[1];
     if (has_b_down) grads[i_b_down] = down[2];
     if (need_dz) {
-      const Tensor<B>& dh = down[0];
-      const Tensor<B> dz = detail::gelu_backward_of(dh, z, approximation);
-      down[0] = Tensor<B>();
+      const Tensor<B>& dz = gelu.dz;
       Grads<B> up(3);  // dx, dW_up, db_up
       detail::linear_backward(dz, x_shape, need_x ? saved_w_up.unpack() : Tensor<B>(),
                               need_w_up ? saved_x.unpack() : Tensor<B>(), need_x, need_w_up, need_b_up, up);

@@ -139,6 +139,42 @@ TEST_CASE("16-bit element-wise maps give the element-by-element bits", "[backend
       check.operator()<float, double>();
     }
   }
+  SECTION("two results: GELU's backward and value in one pass, each dtype mix, and over dy's storage") {
+    for (const std::int64_t n : lengths) {
+      INFO("n = " << n);
+      auto check = [&]<class TD, class TX>(bool in_place, bool exact) {
+        using Acc = trainmem::AccumulatorFor<TD, TX>;
+        auto dy = random_values<TD>(static_cast<std::size_t>(n), 6);
+        const auto x = random_values<TX>(static_cast<std::size_t>(n), 7);
+        std::vector<TD> dx(dy.size()), want_dx(dy.size());
+        std::vector<TX> y(x.size()), want_y(x.size());
+        for (std::size_t i = 0; i < x.size(); ++i) {
+          const Acc d = wide<Acc>(dy[i]), v = wide<Acc>(x[i]);
+          want_dx[i] = trainmem::detail::narrow<TD>(exact ? trainmem::math::GeluErfBackward{}(d, v)
+                                                          : trainmem::math::GeluTanhBackward{}(d, v));
+          want_y[i] = trainmem::detail::narrow<TX>(exact ? trainmem::math::GeluErf{}(v) : gelu(v));
+        }
+        std::vector<TD>& dx_out = in_place ? dy : dx;
+        if (exact)
+          kernels::map_binary_pair(trainmem::math::GeluErfBackwardAndValue{}, operand(dy), operand(x), result(dx_out),
+                                   result(y), n);
+        else
+          kernels::map_binary_pair(trainmem::math::GeluTanhBackwardAndValue{}, operand(dy), operand(x), result(dx_out),
+                                   result(y), n);
+        CHECK(differing(dx_out, want_dx) == 0);
+        CHECK(differing(y, want_y) == 0);
+      };
+      for (const bool in_place : {false, true})
+        for (const bool exact : {false, true}) {
+          INFO("in place " << in_place << ", erf " << exact);
+          check.operator()<BFloat16, BFloat16>(in_place, exact);
+          check.operator()<float, float>(in_place, exact);
+          check.operator()<Half, Half>(in_place, exact);
+          check.operator()<double, double>(in_place, exact);
+          check.operator()<float, BFloat16>(in_place, exact);
+        }
+    }
+  }
   SECTION("unary in place") {
     for (const std::int64_t n : lengths) {
       INFO("n = " << n);

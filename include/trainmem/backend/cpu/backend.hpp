@@ -145,6 +145,17 @@ class Backend : public FusedUpdate<Backend> {
     kernels::map_binary(op, {a.data(), a.dtype()}, {b.data(), b.dtype()}, {out.data(), out.dtype()}, *view);
   }
 
+  /// out1, out2 = op(a, b) for a functor with two results (GELU's backward and value),
+  /// over tensors of one shape; out1 may be a or b.
+  template <class Op>
+  void map_pair(Op op, const TensorT& a, const TensorT& b, const TensorT& out1, const TensorT& out2) {
+    detail::expects(a.shape() == b.shape() && a.shape() == out1.shape() && a.shape() == out2.shape(), "map_pair: a ",
+                    a.shape(), ", b ", b.shape(), ", out1 ", out1.shape(), " and out2 ", out2.shape(), " differ");
+    expect_floating_map(a, b, out1, out2);
+    kernels::map_binary_pair(op, {a.data(), a.dtype()}, {b.data(), b.dtype()}, {out1.data(), out1.dtype()},
+                             {out2.data(), out2.dtype()}, a.numel());
+  }
+
   /// out[c] = beta out[c] + sum over rows of in[r, c] (in viewed as [rows, out.numel()]).
   void sum_rows(const TensorT& in, const TensorT& out, double beta = 0.0) {
     const std::int64_t cols = out.numel();
@@ -346,7 +357,7 @@ class Backend : public FusedUpdate<Backend> {
   Allocator allocator_{stats_};
 };
 
-static_assert(trainmem::Backend<Backend> && HasGemmBias<Backend>,
+static_assert(trainmem::Backend<Backend> && HasGemmBias<Backend> && HasMapPair<Backend>,
               "cpu::Backend must meet the backend contract (core/backend_contract.hpp)");
 
 }  // namespace trainmem::cpu

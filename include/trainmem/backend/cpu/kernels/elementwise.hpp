@@ -199,6 +199,31 @@ void map_binary(BinaryLoop<Acc> loop, Operand a, Operand b, Result out, const Ax
 }
 }  // namespace blocks
 
+/// out1, out2 = op(a, b) over n elements of one shape, for a functor with two results,
+/// op(a, b, y1, y2) (core/math.hpp: GELU's backward and value). In blocks as map_binary;
+/// out1 may be a's or b's storage (each block is read before its results are written).
+template <class Op>
+void map_binary_pair(const Op& op, Operand a, Operand b, Result out1, Result out2, std::int64_t n) {
+  auto run = [&]<class Acc>() {
+    blocks::for_chunks(n, n > kParallelGrain, [&](std::int64_t chunk, std::int64_t length) {
+      alignas(64) Acc a_buf[blocks::kBlock], b_buf[blocks::kBlock], y1_buf[blocks::kBlock], y2_buf[blocks::kBlock];
+      for (std::int64_t s = chunk; s < chunk + length; s += blocks::kBlock) {
+        const std::int64_t m = std::min(blocks::kBlock, chunk + length - s);
+        const Acc* x = blocks::load(a, s, m, a_buf);
+        const Acc* z = blocks::load(b, s, m, b_buf);
+        Acc* y1 = blocks::results(out1, s, y1_buf);
+        Acc* y2 = blocks::results(out2, s, y2_buf);
+#pragma omp simd
+        for (std::int64_t i = 0; i < m; ++i) op(x[i], z[i], y1[i], y2[i]);
+        blocks::store(y1, out1, s, m);
+        blocks::store(y2, out2, s, m);
+      }
+    });
+  };
+  if (blocks::needs_double(a.dtype, b.dtype, out1.dtype, out2.dtype)) run.template operator()<double>();
+  else run.template operator()<float>();
+}
+
 /// A cast between f32 and a 16-bit dtype: the bulk converter over each chunk, nothing
 /// else (the block path would copy every element once more between widening and
 /// narrowing). The same converters, so the same bits. False for other dtype pairs.
