@@ -4,8 +4,8 @@
 // once over a backend type B and calls only what the Backend concept below lists:
 // storage with byte accounting, the kernels, and the fused optimizer update with the
 // loss scaler's device side. Capabilities a backend may lack are concepts of their
-// own (HasGemmBias, HasMapPair, HasOffload), and callers test them with `if constexpr`. Each
-// backend header static_asserts the concept, so a missing or misspelt method fails
+// own (HasGemmBias, HasMapPair, HasOffload), and callers test them with `if constexpr`.
+// Each backend header static_asserts the concept, so a missing or misspelt method fails
 // where the backend is defined, not deep inside an op.
 //
 // NOTE [Ops validate, backends assert]

@@ -9,9 +9,10 @@
 // and gradients are bit for bit those of the three ops (up to kFeedForwardRowChunk rows;
 // see below), in 5/9 of the kept bytes (dim + hidden instead of dim + 2 hidden per row).
 // Backward makes h and GELU's gradient together, one tanh per element (map_pair, where
-// the backend has it). z is saved ahead (OpRecorder::save_ahead): a region's recompute that needs nothing
-// after z (z is the last thing a transformer block saves) ends after the first linear,
-// without GELU and the second linear: a third of the matmul work of a block's forward.
+// the backend has it). z is saved ahead (OpRecorder::save_ahead): a region's recompute
+// that needs nothing after z (z is the last thing a transformer block saves) ends after
+// the first linear, without GELU and the second linear: a third of the matmul work of a
+// block's forward.
 //
 // NOTE [Feed-forward backward in row chunks]
 // Backward needs h, dh = dy W_down and dz = gelu'(z) dh: [rows, hidden] each, as big as
