@@ -172,6 +172,7 @@ nlohmann::json block_op_times(const examples::TransformerStack<B>& stack, std::i
     };
     for (auto& p : stack.params) p.zero_grad();
     tmem::Tape<B> tape;
+    const tmem::amp::Autocast mixed(stack.autocast, stack.autocast != tmem::DType::F32);  // as the step runs
     auto h = tape.input(stack.input);
     for (std::int64_t i = 0; i < block_stage; ++i) h = stack.stages[static_cast<std::size_t>(i)](h);
     const auto& block = stack.stages[static_cast<std::size_t>(block_stage)];
@@ -182,6 +183,7 @@ nlohmann::json block_op_times(const examples::TransformerStack<B>& stack, std::i
   std::vector<double> first_linear;
   {
     tmem::NoGradGuard no_grad;
+    const tmem::amp::Autocast mixed(stack.autocast, stack.autocast != tmem::DType::F32);
     tmem::nn::Init init(1);
     const tmem::nn::Linear<B> up(stack.dim_, 4 * stack.dim_, init);
     tmem::Tape<B> tape;

@@ -102,6 +102,11 @@ def pareto(choices, budget, quantum=4096):
 
 def main(path):
     run = json.load(open(path))
+    if run.get("precision", "f32") != "f32":
+        # Under autocast the block's tensors differ in size (the residual stream F32, the
+        # products 16-bit) and casts join its ops: this graph does not describe that block.
+        sys.exit(f"op_bound.py: {path} ran with --precision {run['precision']}; the op-level bound models "
+                 "the F32 block only (the stage-level 'profile bound' lines of the run still hold)")
     prof = run["profiles"]["transformer"]
     ops = run["block_op_ms"]["transformer"]
     assert [o["op"] for o in ops[:len(BLOCK_OPS)]] == BLOCK_OPS, "not the block this bound knows"
