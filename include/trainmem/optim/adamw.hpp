@@ -22,12 +22,18 @@ namespace detail {
 struct AdamWPoweredUpdate {
   math::AdamWUpdate update;
   const double* powers;  // after this step's advance
-  template <class T>
-  TRAINMEM_HOST_DEVICE void operator()(T& p, T g, T& m, T& v) const {
+  /// f(the AdamWUpdate of this step), its corrections read once: a loop over a tensor
+  /// asks once (NOTE [Update flags fixed for the loop] in core/math.hpp).
+  template <class F>
+  TRAINMEM_HOST_DEVICE void visit_fixed(F&& f) const {
     math::AdamWUpdate u = update;
     u.bias1 = 1.0 - powers[0];
     u.bias2 = 1.0 - powers[1];
-    u(p, g, m, v);
+    f(u);
+  }
+  template <class T>
+  TRAINMEM_HOST_DEVICE void operator()(T& p, T g, T& m, T& v) const {
+    visit_fixed([&](const math::AdamWUpdate& u) { u(p, g, m, v); });
   }
 };
 }  // namespace detail

@@ -4,9 +4,11 @@
 // a block at a time; every element must still get the bits of PyTorch's SGD rule written
 // out here element by element (in the master's type, widened gradient, one rounding of
 // the copy), for each flag combination, gradient and copy dtype, at lengths with tails
-// and lengths that split over threads.
+// and lengths that split over threads. The same for AdamW, whose square roots the pass
+// takes a block at a time (NOTE [Square roots a block at a time] in core/math.hpp).
 #include <bit>
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <cstdint>
 #include <type_traits>
 #include <vector>
@@ -14,6 +16,7 @@
 #include "test_data.hpp"
 #include "trainmem/backend/cpu/kernels/update.hpp"
 #include "trainmem/core/math.hpp"
+#include "trainmem/optim/adamw.hpp"
 
 namespace update_kernel_test {
 
@@ -91,6 +94,44 @@ int differing(const trainmem::math::SgdUpdate& u, std::int64_t n, bool stochasti
   return wrong;
 }
 
+/// AdamW for one element, in TP, with the bias corrections 1 - beta^t given.
+template <class TP>
+void adamw_element(const trainmem::math::AdamWUpdate& u, TP& p, TP g, TP& m, TP& v) {
+  g = g * static_cast<TP>(u.grad_scale);
+  p = p * static_cast<TP>(1.0 - u.lr * u.weight_decay);
+  m = static_cast<TP>(u.beta1) * m + static_cast<TP>(1.0 - u.beta1) * g;
+  v = static_cast<TP>(u.beta2) * v + static_cast<TP>(1.0 - u.beta2) * g * g;
+  const TP denominator = std::sqrt(v / static_cast<TP>(u.bias2)) + static_cast<TP>(u.eps);
+  p -= static_cast<TP>(u.lr) * (m / static_cast<TP>(u.bias1)) / denominator;
+}
+
+/// As `differing`, for AdamW through the optimizer's functor (corrections read from
+/// [beta1^t, beta2^t]): elements of the master, both moments and the copy that differ.
+template <class TP, class TG, class TC>
+int adamw_differing(const trainmem::math::AdamWUpdate& rule, const double (&powers)[2], std::int64_t n) {
+  const auto count = static_cast<std::size_t>(n);
+  std::vector<TP> p = random_values<TP>(count, 4, 2.0), m = random_values<TP>(count, 5, 0.1);
+  std::vector<TP> v = random_values<TP>(count, 6, 0.01);
+  for (TP& x : v) x = x * x;  // a second moment is not negative
+  const std::vector<TG> g = random_values<TG>(count, 7, 1.0);
+  trainmem::math::AdamWUpdate u = rule;
+  u.bias1 = 1.0 - powers[0];
+  u.bias2 = 1.0 - powers[1];
+  std::vector<TP> want_p = p, want_m = m, want_v = v;
+  std::vector<TC> copy(count), want_copy(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    adamw_element(u, want_p[i], static_cast<TP>(trainmem::detail::widen(g[i])), want_m[i], want_v[i]);
+    want_copy[i] = trainmem::detail::narrow<TC>(want_p[i]);
+  }
+  kernels::apply_update(trainmem::detail::AdamWPoweredUpdate{rule, powers}, p.data(), g.data(), m.data(), v.data(), n,
+                        kernels::NearestCopy<TC>{copy.data()});
+  int wrong = 0;
+  for (std::size_t i = 0; i < count; ++i)
+    wrong += bits(p[i]) != bits(want_p[i]) || bits(m[i]) != bits(want_m[i]) || bits(v[i]) != bits(want_v[i]) ||
+             bits(copy[i]) != bits(want_copy[i]);
+  return wrong;
+}
+
 }  // namespace update_kernel_test
 
 TEST_CASE("the update pass gives every element the bits of SGD's rule, for every flag and dtype mix",
@@ -117,6 +158,31 @@ TEST_CASE("the update pass gives every element the bits of SGD's rule, for every
       CHECK(differing<float, float, float>(u, n, false) == 0);
       CHECK(differing<double, BFloat16, float>(u, n, false) == 0);
       CHECK(differing<double, double, BFloat16>(u, n, false) == 0);
+    }
+  }
+}
+
+TEST_CASE("the update pass gives every element the bits of AdamW's rule, square roots a block at a time",
+          "[backend][cpu][optim]") {
+  using trainmem::math::AdamWUpdate;
+  using namespace update_kernel_test;
+  // lr, beta1, beta2, eps, weight decay, grad scale (the corrections come from the powers)
+  const AdamWUpdate rules[] = {
+      {1e-3, 0.9, 0.999, 1e-8, 1e-2, 1.0, 0.0, 0.0},
+      {3e-2, 0.8, 0.95, 1e-6, 0.0, 0.25, 0.0, 0.0},
+  };
+  const double powers[][2] = {{0.9, 0.999}, {0.9 * 0.9 * 0.9, 0.95 * 0.95 * 0.95}};  // [beta1^t, beta2^t]
+  const std::int64_t lengths[] = {1, 15, 255, 4099, 70001};  // tails of every width, blocks, threads
+  for (const AdamWUpdate& rule : rules) {
+    for (const auto& pw : powers) {
+      for (const std::int64_t n : lengths) {
+        INFO("beta1 " << rule.beta1 << " beta1^t " << pw[0] << " n = " << n);
+        CHECK(adamw_differing<float, float, BFloat16>(rule, pw, n) == 0);
+        CHECK(adamw_differing<float, BFloat16, BFloat16>(rule, pw, n) == 0);
+        CHECK(adamw_differing<float, Half, Half>(rule, pw, n) == 0);
+        CHECK(adamw_differing<double, BFloat16, float>(rule, pw, n) == 0);
+        CHECK(adamw_differing<double, double, BFloat16>(rule, pw, n) == 0);
+      }
     }
   }
 }
