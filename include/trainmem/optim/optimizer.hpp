@@ -39,6 +39,7 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "trainmem/autograd/grad_mode.hpp"
@@ -57,6 +58,38 @@ template <class Update>
 struct DivideGrad {
   Update update;
   const float* divisor;
+
+  /// U (an update with its run-time choices fixed) with the divisor read. It has the
+  /// halves of a rule written around a square root where U has them (NOTE [Square roots
+  /// a block at a time] in core/math.hpp), so the pass vectorises under a loss scale too.
+  template <class U>
+  struct Fixed {
+    U update;
+    float divisor;
+    template <class T>
+    TRAINMEM_HOST_DEVICE void operator()(T& p, T g, T& first_moment, T& second_moment) const {
+      update(p, g / static_cast<T>(divisor), first_moment, second_moment);
+    }
+    template <class T>
+    requires requires(const U& u, T& x) { u.moments(x, x, x, x); }
+    TRAINMEM_HOST_DEVICE T moments(T& p, T g, T& first_moment, T& second_moment) const {
+      return update.moments(p, g / static_cast<T>(divisor), first_moment, second_moment);
+    }
+    template <class T>
+    requires requires(const U& u, T& x) { u.finish(x, x, x); }
+    TRAINMEM_HOST_DEVICE void finish(T& p, T first_moment, T root) const { update.finish(p, first_moment, root); }
+  };
+
+  /// f(Fixed<...>) with the divisor read once and the update's own choices fixed, for a
+  /// loop over a tensor on the host (NOTE [Update flags fixed for the loop] in core/math.hpp).
+  template <class F>
+  void visit_fixed(F&& f) const {
+    const float d = *divisor;
+    if constexpr (requires { update.visit_fixed([](const auto&) {}); })
+      update.visit_fixed([&](const auto& u) { f(Fixed<std::decay_t<decltype(u)>>{u, d}); });
+    else f(Fixed<Update>{update, d});
+  }
+
   template <class T>
   TRAINMEM_HOST_DEVICE void operator()(T& p, T g, T& first_moment, T& second_moment) const {
     update(p, g / static_cast<T>(*divisor), first_moment, second_moment);

@@ -17,6 +17,7 @@
 #include "trainmem/backend/cpu/kernels/update.hpp"
 #include "trainmem/core/math.hpp"
 #include "trainmem/optim/adamw.hpp"
+#include "trainmem/optim/optimizer.hpp"
 
 namespace update_kernel_test {
 
@@ -39,6 +40,12 @@ std::vector<T> random_values(std::size_t n, std::uint64_t seed, double scale) {
   return v;
 }
 
+/// The gradient as the update sees it: divided by the loss scale where there is one.
+template <class TP>
+TP divided(TP g, const float* divisor) {
+  return divisor != nullptr ? g / static_cast<TP>(*divisor) : g;
+}
+
 /// torch.optim.SGD for one element, in TP.
 template <class TP>
 void sgd_element(const trainmem::math::SgdUpdate& u, TP& p, TP g, TP& buffer) {
@@ -54,7 +61,7 @@ void sgd_element(const trainmem::math::SgdUpdate& u, TP& p, TP g, TP& buffer) {
 /// Runs the kernel once over n elements and counts the elements of the master, the
 /// momentum buffer and the copy whose bits differ from sgd_element's.
 template <class TP, class TG, class TC>
-int differing(const trainmem::math::SgdUpdate& u, std::int64_t n, bool stochastic) {
+int differing(const trainmem::math::SgdUpdate& u, std::int64_t n, bool stochastic, const float* divisor = nullptr) {
   const auto count = static_cast<std::size_t>(n);
   std::vector<TP> p = random_values<TP>(count, 1, 2.0), buffer = random_values<TP>(count, 2, 0.5);
   const std::vector<TG> g = random_values<TG>(count, 3, 1.0);
@@ -63,7 +70,7 @@ int differing(const trainmem::math::SgdUpdate& u, std::int64_t n, bool stochasti
   std::vector<TC> want_copy(count);
   const trainmem::RngState rng{12345, 8};
   for (std::size_t i = 0; i < count; ++i) {
-    sgd_element(u, want_p[i], static_cast<TP>(trainmem::detail::widen(g[i])), want_buffer[i]);
+    sgd_element(u, want_p[i], divided(static_cast<TP>(trainmem::detail::widen(g[i])), divisor), want_buffer[i]);
     if constexpr (std::is_same_v<TC, BFloat16>) {
       if (stochastic) {
         want_copy[i] = trainmem::bf16_round_stochastic(
@@ -74,7 +81,10 @@ int differing(const trainmem::math::SgdUpdate& u, std::int64_t n, bool stochasti
     want_copy[i] = trainmem::detail::narrow<TC>(want_p[i]);
   }
   TP* moment = u.momentum != 0.0 ? buffer.data() : nullptr;
-  if constexpr (std::is_same_v<TC, BFloat16>) {
+  if (divisor != nullptr) {
+    kernels::apply_update(trainmem::detail::DivideGrad<trainmem::math::SgdUpdate>{u, divisor}, p.data(), g.data(),
+                          moment, static_cast<TP*>(nullptr), n, kernels::NearestCopy<TC>{copy.data()});
+  } else if constexpr (std::is_same_v<TC, BFloat16>) {
     if (stochastic) {
       kernels::apply_update(u, p.data(), g.data(), moment, static_cast<TP*>(nullptr), n,
                             kernels::StochasticBf16Copy{copy.data(), rng});
@@ -108,7 +118,8 @@ void adamw_element(const trainmem::math::AdamWUpdate& u, TP& p, TP g, TP& m, TP&
 /// As `differing`, for AdamW through the optimizer's functor (corrections read from
 /// [beta1^t, beta2^t]): elements of the master, both moments and the copy that differ.
 template <class TP, class TG, class TC>
-int adamw_differing(const trainmem::math::AdamWUpdate& rule, const double (&powers)[2], std::int64_t n) {
+int adamw_differing(const trainmem::math::AdamWUpdate& rule, const double (&powers)[2], std::int64_t n,
+                    const float* divisor = nullptr) {
   const auto count = static_cast<std::size_t>(n);
   std::vector<TP> p = random_values<TP>(count, 4, 2.0), m = random_values<TP>(count, 5, 0.1);
   std::vector<TP> v = random_values<TP>(count, 6, 0.01);
@@ -120,11 +131,16 @@ int adamw_differing(const trainmem::math::AdamWUpdate& rule, const double (&powe
   std::vector<TP> want_p = p, want_m = m, want_v = v;
   std::vector<TC> copy(count), want_copy(count);
   for (std::size_t i = 0; i < count; ++i) {
-    adamw_element(u, want_p[i], static_cast<TP>(trainmem::detail::widen(g[i])), want_m[i], want_v[i]);
+    adamw_element(u, want_p[i], divided(static_cast<TP>(trainmem::detail::widen(g[i])), divisor), want_m[i], want_v[i]);
     want_copy[i] = trainmem::detail::narrow<TC>(want_p[i]);
   }
-  kernels::apply_update(trainmem::detail::AdamWPoweredUpdate{rule, powers}, p.data(), g.data(), m.data(), v.data(), n,
-                        kernels::NearestCopy<TC>{copy.data()});
+  const trainmem::detail::AdamWPoweredUpdate update{rule, powers};
+  if (divisor != nullptr) {
+    kernels::apply_update(trainmem::detail::DivideGrad<trainmem::detail::AdamWPoweredUpdate>{update, divisor}, p.data(),
+                          g.data(), m.data(), v.data(), n, kernels::NearestCopy<TC>{copy.data()});
+  } else {
+    kernels::apply_update(update, p.data(), g.data(), m.data(), v.data(), n, kernels::NearestCopy<TC>{copy.data()});
+  }
   int wrong = 0;
   for (std::size_t i = 0; i < count; ++i)
     wrong += bits(p[i]) != bits(want_p[i]) || bits(m[i]) != bits(want_m[i]) || bits(v[i]) != bits(want_v[i]) ||
@@ -184,5 +200,24 @@ TEST_CASE("the update pass gives every element the bits of AdamW's rule, square 
         CHECK(adamw_differing<double, double, BFloat16>(rule, pw, n) == 0);
       }
     }
+  }
+}
+
+TEST_CASE("under a loss scale the update pass gives the bits of the rule on the divided gradient",
+          "[backend][cpu][optim]") {
+  // The divisor is read once per tensor (DivideGrad::visit_fixed), and AdamW keeps its
+  // block of square roots under it.
+  using namespace update_kernel_test;
+  const float scale = 1024.0f * 3.0f;
+  const trainmem::math::SgdUpdate sgd{0.05, 0.9, 0.0, 0.01, 1.0, true, false};
+  const trainmem::math::AdamWUpdate adamw{1e-3, 0.9, 0.999, 1e-8, 1e-2, 1.0, 0.0, 0.0};
+  const double powers[2] = {0.9 * 0.9, 0.999 * 0.999};
+  for (const std::int64_t n : {1, 255, 4099, 70001}) {
+    INFO("n = " << n);
+    CHECK(differing<float, Half, Half>(sgd, n, false, &scale) == 0);
+    CHECK(differing<double, float, BFloat16>(sgd, n, false, &scale) == 0);
+    CHECK(adamw_differing<float, Half, Half>(adamw, powers, n, &scale) == 0);
+    CHECK(adamw_differing<float, BFloat16, BFloat16>(adamw, powers, n, &scale) == 0);
+    CHECK(adamw_differing<double, double, float>(adamw, powers, n, &scale) == 0);
   }
 }
