@@ -177,14 +177,15 @@ struct Pow {
 // GELU's pieces, each expression written once: the forward, the backward and the pass
 // that makes both at once (GeluTanhBackwardAndValue, for feed_forward's backward) share
 // them, so all three give the same bits. t is the tanh (or erf) both sides need.
+/// GELU's value from t, in both forms: 0.5 x (1 + t).
+template <class T>
+TRAINMEM_HOST_DEVICE T gelu_value(T x, T t) {
+  return T(0.5) * x * (T(1) + t);
+}
 template <class T>
 TRAINMEM_HOST_DEVICE T gelu_tanh_t(T x) {
   const T k = T(0.7978845608028654), c = T(0.044715);
   return tanh(k * (x + c * x * x * x));
-}
-template <class T>
-TRAINMEM_HOST_DEVICE T gelu_tanh_value(T x, T t) {
-  return T(0.5) * x * (T(1) + t);
 }
 template <class T>
 TRAINMEM_HOST_DEVICE T gelu_tanh_slope(T x, T t) {
@@ -197,10 +198,6 @@ TRAINMEM_HOST_DEVICE T gelu_erf_t(T x) {
   return erf(x * T(0.7071067811865476));
 }
 template <class T>
-TRAINMEM_HOST_DEVICE T gelu_erf_value(T x, T t) {
-  return T(0.5) * x * (T(1) + t);
-}
-template <class T>
 TRAINMEM_HOST_DEVICE T gelu_erf_slope(T x, T t) {
   const T cdf = T(0.5) * (T(1) + t);
   const T pdf = T(0.3989422804014327) * exp(T(-0.5) * x * x);
@@ -211,14 +208,14 @@ TRAINMEM_HOST_DEVICE T gelu_erf_slope(T x, T t) {
 struct GeluTanh {
   template <class T>
   TRAINMEM_HOST_DEVICE T operator()(T x) const {
-    return gelu_tanh_value(x, gelu_tanh_t(x));
+    return gelu_value(x, gelu_tanh_t(x));
   }
 };
 /// GELU, exact: x Phi(x) = 0.5 x (1 + erf(x / sqrt 2)).
 struct GeluErf {
   template <class T>
   TRAINMEM_HOST_DEVICE T operator()(T x) const {
-    return gelu_erf_value(x, gelu_erf_t(x));
+    return gelu_value(x, gelu_erf_t(x));
   }
 };
 
@@ -295,7 +292,7 @@ struct GeluTanhBackwardAndValue {
   TRAINMEM_HOST_DEVICE void operator()(T dy, T x, T& dx, T& y) const {
     const T t = gelu_tanh_t(x);
     dx = dy * gelu_tanh_slope(x, t);
-    y = gelu_tanh_value(x, t);
+    y = gelu_value(x, t);
   }
 };
 /// As GeluTanhBackwardAndValue for the exact GELU, the erf once.
@@ -304,7 +301,7 @@ struct GeluErfBackwardAndValue {
   TRAINMEM_HOST_DEVICE void operator()(T dy, T x, T& dx, T& y) const {
     const T t = gelu_erf_t(x);
     dx = dy * gelu_erf_slope(x, t);
-    y = gelu_erf_value(x, t);
+    y = gelu_value(x, t);
   }
 };
 
@@ -446,7 +443,7 @@ struct AdamWUpdate {
   template <class T>
   TRAINMEM_HOST_DEVICE void operator()(T& p, T g, T& m, T& v) const {
     const T v_hat = moments(p, g, m, v);
-    finish(p, m, static_cast<T>(sqrt(v_hat)));
+    finish(p, m, sqrt(v_hat));
   }
 };
 
