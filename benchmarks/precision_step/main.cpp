@@ -99,9 +99,9 @@ int main(int argc, char** argv) {
               static_cast<long long>(sizes.seq), static_cast<long long>(batch), rounds, tmem::num_threads());
   const std::string cpu = benchmarks::cpu_description();
   std::printf("CPU: %s\n", cpu.c_str());
-  std::printf("oneDNN: %s; effective ISA %s, AMX %s, BF16 operands to oneDNN %s\n\n",
+  std::printf("oneDNN: %s; effective ISA %s, AMX %s, BF16 operands to oneDNN %s; vector loops %s\n\n",
               onednn.built_in ? "built in" : "not built in", onednn.isa, onednn.amx ? "yes" : "no",
-              onednn.bf16 ? "yes" : "no");
+              onednn.bf16 ? "yes" : "no", tmem::cpu::name_of(tmem::cpu::simd_level()));
   std::printf("%-10s %12s %12s %12s\n", "precision", "median ms", "q1 ms", "q3 ms");
   nlohmann::json out{{"benchmark", "precision_step"},
                      {"model", {{"blocks", sizes.blocks}, {"dim", sizes.dim}, {"seq", sizes.seq}, {"batch", batch}}},
@@ -109,6 +109,7 @@ int main(int argc, char** argv) {
                      {"threads", tmem::num_threads()},
                      {"cpu", cpu},
                      {"onednn_isa", onednn.isa},
+                     {"vector_loops", tmem::cpu::name_of(tmem::cpu::simd_level())},
                      {"amx", onednn.amx},
                      {"bf16_to_onednn", onednn.bf16}};
   std::array<double, 3> medians{};

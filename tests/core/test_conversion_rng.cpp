@@ -3,7 +3,7 @@
 // Half and BFloat16 are checked against IEEE 754 bit patterns worked out by hand, an
 // exhaustive round-to-nearest-even sweep over every midpoint between neighbouring
 // representable values, and an independent decoding of every 16-bit pattern. The bulk
-// converters must give the scalar functions' bits. Philox4x32-10 is checked against
+// converters must give the scalar functions' bits, in every vector form the CPU has. Philox4x32-10 is checked against
 // Random123's published known-answer vectors through an independent implementation.
 #include <bit>
 #include <catch2/catch.hpp>
@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "philox_reference.hpp"
+#include "simd_levels.hpp"
 #include "test_data.hpp"
 #include "trainmem/backend/cpu/convert.hpp"
 #include "trainmem/core/bfloat16.hpp"
@@ -226,7 +227,7 @@ TEST_CASE("BFloat16: every pattern widens exactly, NaN stays a quiet NaN", "[cor
   CHECK(is_bf16_quiet_nan(BFloat16::from_float(std::numeric_limits<float>::quiet_NaN())));
 }
 
-TEST_CASE("Bulk widen/narrow give the scalar conversions' bits", "[core][convert]") {
+TEST_CASE("Bulk widen/narrow give the scalar conversions' bits, in every vector form this CPU has", "[core][convert]") {
   using trainmem::cpu::kernels::narrow_from_float;
   using trainmem::cpu::kernels::widen_to_float;
   // Random floats of every magnitude class, plus the special values, in a length that
@@ -246,15 +247,18 @@ TEST_CASE("Bulk widen/narrow give the scalar conversions' bits", "[core][convert
                         std::numeric_limits<float>::quiet_NaN(), from_bits(0x7F800001u), from_bits(0xFFA00001u),
                         65504.0f, 65520.0f, 65519.996f, std::ldexp(1.0f, -25), 3.0f * std::ldexp(1.0f, -26)})
     values.push_back(special);
-  values.push_back(1.0f);  // length 20013
+  values.push_back(1.0f);  // length 20013: 16-wide, then 8-wide, then a scalar tail
   const std::size_t n = values.size();
+  int levels = 0;
 
-  SECTION("half") {
-    std::vector<Half> narrow(n);
-    narrow_from_float(values.data(), narrow.data(), n);
+  trainmem::testing::for_each_simd_level([&](trainmem::cpu::SimdLevel level) {
+    INFO("vector level " << trainmem::cpu::name_of(level));
+    ++levels;
+    std::vector<Half> narrow_half(n);
+    narrow_from_float(values.data(), narrow_half.data(), n);
     int differ = 0;
     for (std::size_t i = 0; i < n; ++i)
-      if (narrow[i].bits != Half::from_float(values[i])) ++differ;
+      if (narrow_half[i].bits != Half::from_float(values[i])) ++differ;
     CHECK(differ == 0);
 
     const std::vector<Half> all = every_half_pattern();
@@ -266,21 +270,38 @@ TEST_CASE("Bulk widen/narrow give the scalar conversions' bits", "[core][convert
       if (std::isnan(scalar) ? !std::isnan(wide[p]) : bits_of(wide[p]) != bits_of(scalar)) ++differ_values;
     }
     CHECK(differ_values == 0);
-  }
-  SECTION("bfloat16") {
-    std::vector<BFloat16> narrow(n);
-    narrow_from_float(values.data(), narrow.data(), n);
-    int differ = 0;
+
+    std::vector<BFloat16> narrow_bf16(n);
+    narrow_from_float(values.data(), narrow_bf16.data(), n);
+    differ = 0;
     for (std::size_t i = 0; i < n; ++i)
-      if (narrow[i].bits != BFloat16::from_float(values[i])) ++differ;
+      if (narrow_bf16[i].bits != BFloat16::from_float(values[i])) ++differ;
     CHECK(differ == 0);
-    std::vector<float> wide(n);
-    widen_to_float(narrow.data(), wide.data(), n);
+    std::vector<float> wide_bf16(n);
+    widen_to_float(narrow_bf16.data(), wide_bf16.data(), n);
     int differ_wide = 0;
     for (std::size_t i = 0; i < n; ++i)
-      if (bits_of(wide[i]) != bits_of(BFloat16::to_float(narrow[i].bits))) ++differ_wide;
+      if (bits_of(wide_bf16[i]) != bits_of(BFloat16::to_float(narrow_bf16[i].bits))) ++differ_wide;
     CHECK(differ_wide == 0);
-  }
+  });
+  CHECK(levels == 1 + static_cast<int>(trainmem::cpu::kernels::detected_simd_level()));
+}
+
+TEST_CASE("The vector level in use is the CPU's, capped, and a TRAINMEM_CPU_SIMD value it does not know is an Error",
+          "[core][convert]") {
+  using trainmem::cpu::SimdLevel;
+  const SimdLevel detected = trainmem::cpu::kernels::detected_simd_level();
+  trainmem::testing::for_each_simd_level([&](SimdLevel level) { CHECK(trainmem::cpu::simd_level() == level); });
+  trainmem::testing::for_each_simd_level([&](SimdLevel) {
+    trainmem::cpu::force_simd_level(SimdLevel::Avx512);  // a cap above the CPU's level leaves the CPU's
+    CHECK(trainmem::cpu::simd_level() == detected);
+  });
+  CHECK(trainmem::cpu::kernels::parse_simd_level("auto") == SimdLevel::Avx512);
+  CHECK(trainmem::cpu::kernels::parse_simd_level("avx2") == SimdLevel::Avx2);
+  CHECK(trainmem::cpu::kernels::parse_simd_level("scalar") == SimdLevel::Scalar);
+  CHECK_THROWS_AS(trainmem::cpu::kernels::parse_simd_level("sse4"), trainmem::Error);
+  CHECK_THROWS_WITH(trainmem::cpu::kernels::parse_simd_level("sse4"),
+                    Catch::Contains("TRAINMEM_CPU_SIMD=sse4") && Catch::Contains("auto, avx512, avx2 or scalar"));
 }
 
 // Widening a signalling half NaN (0x7C01..0x7DFF and negatives): the F16C path
@@ -288,18 +309,21 @@ TEST_CASE("Bulk widen/narrow give the scalar conversions' bits", "[core][convert
 // Both are NaN; convert.hpp promises the same bits. Fix: set the float quiet bit
 // (0x00400000) for NaN in Half::to_float, as IEEE 754 conversions do.
 TEST_CASE("Bulk half widening gives the scalar bits for signalling NaNs too", "[core][convert]") {
-  const std::vector<Half> all = every_half_pattern();
-  std::vector<float> wide(all.size());
-  trainmem::cpu::kernels::widen_to_float(all.data(), wide.data(), all.size());
-  int differ_nan_bits = 0;
-  std::uint32_t first = 0;
-  for (std::uint32_t p = 0; p <= 0xFFFF; ++p) {
-    const float scalar = Half::to_float(static_cast<std::uint16_t>(p));
-    if (std::isnan(scalar) && bits_of(wide[p]) != bits_of(scalar) && differ_nan_bits++ == 0) first = p;
-  }
-  INFO("first differing half pattern 0x" << std::hex << first << ": bulk 0x" << bits_of(wide[first]) << ", scalar 0x"
-                                         << bits_of(Half::to_float(static_cast<std::uint16_t>(first))));
-  CHECK(differ_nan_bits == 0);
+  trainmem::testing::for_each_simd_level([](trainmem::cpu::SimdLevel level) {
+    const std::vector<Half> all = every_half_pattern();
+    std::vector<float> wide(all.size());
+    trainmem::cpu::kernels::widen_to_float(all.data(), wide.data(), all.size());
+    int differ_nan_bits = 0;
+    std::uint32_t first = 0;
+    for (std::uint32_t p = 0; p <= 0xFFFF; ++p) {
+      const float scalar = Half::to_float(static_cast<std::uint16_t>(p));
+      if (std::isnan(scalar) && bits_of(wide[p]) != bits_of(scalar) && differ_nan_bits++ == 0) first = p;
+    }
+    INFO("vector level " << trainmem::cpu::name_of(level) << ": first differing half pattern 0x" << std::hex << first
+                         << ": bulk 0x" << bits_of(wide[first]) << ", scalar 0x"
+                         << bits_of(Half::to_float(static_cast<std::uint16_t>(first))));
+    CHECK(differ_nan_bits == 0);
+  });
 }
 
 TEST_CASE("Philox4x32-10 reference implementation matches Random123's known answers", "[core][rng]") {

@@ -5,7 +5,8 @@
 // out here element by element (in the master's type, widened gradient, one rounding of
 // the copy), for each flag combination, gradient and copy dtype, at lengths with tails
 // and lengths that split over threads. The same for AdamW, whose square roots the pass
-// takes a block at a time (NOTE [Square roots a block at a time] in core/math.hpp).
+// takes a block at a time (NOTE [Square roots a block at a time] in core/math.hpp), in
+// every vector form the CPU has (NOTE [Vector paths chosen at run time] in simd.hpp).
 #include <bit>
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -13,6 +14,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "simd_levels.hpp"
 #include "test_data.hpp"
 #include "trainmem/backend/cpu/kernels/update.hpp"
 #include "trainmem/core/math.hpp"
@@ -148,6 +150,30 @@ int adamw_differing(const trainmem::math::AdamWUpdate& rule, const double (&powe
   return wrong;
 }
 
+/// AdamW's rule against the pass, for two rules, two sets of powers and every length and dtype mix.
+void adamw_bits_at_every_length() {
+  using trainmem::math::AdamWUpdate;
+  // lr, beta1, beta2, eps, weight decay, grad scale (the corrections come from the powers)
+  const AdamWUpdate rules[] = {
+      {1e-3, 0.9, 0.999, 1e-8, 1e-2, 1.0, 0.0, 0.0},
+      {3e-2, 0.8, 0.95, 1e-6, 0.0, 0.25, 0.0, 0.0},
+  };
+  const double powers[][2] = {{0.9, 0.999}, {0.9 * 0.9 * 0.9, 0.95 * 0.95 * 0.95}};  // [beta1^t, beta2^t]
+  const std::int64_t lengths[] = {1, 15, 255, 4099, 70001};  // tails of every width, blocks, threads
+  for (const AdamWUpdate& rule : rules) {
+    for (const auto& pw : powers) {
+      for (const std::int64_t n : lengths) {
+        INFO("beta1 " << rule.beta1 << " beta1^t " << pw[0] << " n = " << n);
+        CHECK(adamw_differing<float, float, BFloat16>(rule, pw, n) == 0);
+        CHECK(adamw_differing<float, BFloat16, BFloat16>(rule, pw, n) == 0);
+        CHECK(adamw_differing<float, Half, Half>(rule, pw, n) == 0);
+        CHECK(adamw_differing<double, BFloat16, float>(rule, pw, n) == 0);
+        CHECK(adamw_differing<double, double, BFloat16>(rule, pw, n) == 0);
+      }
+    }
+  }
+}
+
 }  // namespace update_kernel_test
 
 TEST_CASE("the update pass gives every element the bits of SGD's rule, for every flag and dtype mix",
@@ -180,27 +206,10 @@ TEST_CASE("the update pass gives every element the bits of SGD's rule, for every
 
 TEST_CASE("the update pass gives every element the bits of AdamW's rule, square roots a block at a time",
           "[backend][cpu][optim]") {
-  using trainmem::math::AdamWUpdate;
-  using namespace update_kernel_test;
-  // lr, beta1, beta2, eps, weight decay, grad scale (the corrections come from the powers)
-  const AdamWUpdate rules[] = {
-      {1e-3, 0.9, 0.999, 1e-8, 1e-2, 1.0, 0.0, 0.0},
-      {3e-2, 0.8, 0.95, 1e-6, 0.0, 0.25, 0.0, 0.0},
-  };
-  const double powers[][2] = {{0.9, 0.999}, {0.9 * 0.9 * 0.9, 0.95 * 0.95 * 0.95}};  // [beta1^t, beta2^t]
-  const std::int64_t lengths[] = {1, 15, 255, 4099, 70001};  // tails of every width, blocks, threads
-  for (const AdamWUpdate& rule : rules) {
-    for (const auto& pw : powers) {
-      for (const std::int64_t n : lengths) {
-        INFO("beta1 " << rule.beta1 << " beta1^t " << pw[0] << " n = " << n);
-        CHECK(adamw_differing<float, float, BFloat16>(rule, pw, n) == 0);
-        CHECK(adamw_differing<float, BFloat16, BFloat16>(rule, pw, n) == 0);
-        CHECK(adamw_differing<float, Half, Half>(rule, pw, n) == 0);
-        CHECK(adamw_differing<double, BFloat16, float>(rule, pw, n) == 0);
-        CHECK(adamw_differing<double, double, BFloat16>(rule, pw, n) == 0);
-      }
-    }
-  }
+  trainmem::testing::for_each_simd_level([](trainmem::cpu::SimdLevel level) {
+    INFO("vector level " << trainmem::cpu::name_of(level));
+    update_kernel_test::adamw_bits_at_every_length();
+  });
 }
 
 TEST_CASE("under a loss scale the update pass gives the bits of the rule on the divided gradient",

@@ -12,10 +12,6 @@
 #include <cstdint>
 #include <type_traits>
 
-#if defined(__AVX__) || defined(__AVX512F__)
-#include <immintrin.h>
-#endif
-
 #include "trainmem/backend/cpu/convert.hpp"
 #include "trainmem/backend/cpu/kernels/parallel.hpp"
 #include "trainmem/core/dtype.hpp"
@@ -24,26 +20,48 @@
 
 namespace trainmem::cpu::kernels {
 
+namespace sqrt_impl {
+
+// Each vector form takes the roots of the longest prefix of whole vectors and returns its length.
+#if defined(TRAINMEM_SIMD_DISPATCH)
+TRAINMEM_SIMD_BEGIN
+TRAINMEM_TARGET_AVX512 inline std::int64_t sqrt_avx512(float* x, std::int64_t n) {
+  std::int64_t i = 0;
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(x + i, _mm512_sqrt_ps(_mm512_loadu_ps(x + i)));
+  return i;
+}
+TRAINMEM_TARGET_AVX2 inline std::int64_t sqrt_avx2(float* x, std::int64_t n) {
+  std::int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_sqrt_ps(_mm256_loadu_ps(x + i)));
+  return i;
+}
+TRAINMEM_TARGET_AVX512 inline std::int64_t sqrt_avx512(double* x, std::int64_t n) {
+  std::int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm512_storeu_pd(x + i, _mm512_sqrt_pd(_mm512_loadu_pd(x + i)));
+  return i;
+}
+TRAINMEM_TARGET_AVX2 inline std::int64_t sqrt_avx2(double* x, std::int64_t n) {
+  std::int64_t i = 0;
+  for (; i + 4 <= n; i += 4) _mm256_storeu_pd(x + i, _mm256_sqrt_pd(_mm256_loadu_pd(x + i)));
+  return i;
+}
+TRAINMEM_SIMD_END
+#endif
+
+}  // namespace sqrt_impl
+
 /// x[i] = sqrt(x[i]) for i < n: IEEE square roots, the bits of std::sqrt, 16 or 8 floats
-/// (8 or 4 doubles) an instruction where the build targets AVX-512 or AVX.
+/// (8 or 4 doubles) an instruction on a CPU with AVX-512 or AVX2 (simd.hpp).
 template <class T>
 void sqrt_in_place(T* x, std::int64_t n) {
   std::int64_t i = 0;
-  if constexpr (std::is_same_v<T, float>) {
-#if defined(__AVX512F__)
-    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(x + i, _mm512_sqrt_ps(_mm512_loadu_ps(x + i)));
-#endif
-#if defined(__AVX__)
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_sqrt_ps(_mm256_loadu_ps(x + i)));
-#endif
-  } else if constexpr (std::is_same_v<T, double>) {
-#if defined(__AVX512F__)
-    for (; i + 8 <= n; i += 8) _mm512_storeu_pd(x + i, _mm512_sqrt_pd(_mm512_loadu_pd(x + i)));
-#endif
-#if defined(__AVX__)
-    for (; i + 4 <= n; i += 4) _mm256_storeu_pd(x + i, _mm256_sqrt_pd(_mm256_loadu_pd(x + i)));
-#endif
+#if defined(TRAINMEM_SIMD_DISPATCH)
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+    const SimdLevel level = simd_level();
+    if (level >= SimdLevel::Avx512) i = sqrt_impl::sqrt_avx512(x, n);
+    if (level >= SimdLevel::Avx2) i += sqrt_impl::sqrt_avx2(x + i, n - i);
   }
+#endif
   for (; i < n; ++i) x[i] = std::sqrt(x[i]);
 }
 
