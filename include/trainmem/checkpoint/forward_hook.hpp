@@ -102,7 +102,7 @@ class ForwardHook final : public SaveHook<B> {
   }
 
   /// fn has returned: releases kept outputs that no saved tensor refers to and that the
-  /// recompute will never reach.
+  /// recompute will never reach, and the device bytes of what went to host memory.
   void finish() {
     record_.kept.release_unused(
         [this](std::int64_t op_index) {
@@ -110,6 +110,7 @@ class ForwardHook final : public SaveHook<B> {
           return computed != compute_event_.end() && computed->second < last_placeholder_event_;
         },
         [this](const Tensor<B>& t) { return packed_.count(t.storage().get()) != 0; });
+    record_.kept.release_offloaded_sources();
   }
 
  private:

@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <memory>
 #include <type_traits>
 #include <unordered_map>
@@ -32,6 +33,7 @@ class KeptOutputs {
   /// Keeps `outputs` in memory. With an op ordinal the recompute reuses them for that op;
   /// with -1 they are only held (a named tensor whose producer cannot be skipped).
   void save(std::int64_t op_index, const std::vector<Tensor<B>>& outputs) {
+    if (op_index >= 0 && saved_.count(op_index) != 0) return;  // named after it was kept: held once
     auto& refs = refs_[op_index];
     for (const auto& t : outputs) {
       refs.emplace_back(t);
@@ -42,16 +44,33 @@ class KeptOutputs {
 
   /// Copies `outputs` of op `op_index` to host memory; the recompute fetches them back.
   void offload(std::int64_t op_index, const std::vector<Tensor<B>>& outputs) requires HasOffload<B> {
+    if (offloaded_.count(op_index) != 0) return;  // named after it was offloaded: copied once
     auto& entry = offloaded_[op_index];
-    for (const auto& t : outputs) entry.copies.push_back(t.backend().offload(t));
+    for (const auto& t : outputs) {
+      entry.copies.push_back(t.backend().offload(t));
+      offload_backend_ = &t.backend();
+    }
+  }
+
+  /// The region's forward is over: the device waits for the copies out of what it offloaded,
+  /// and their device bytes go back to the pool now (in stream order), not when the host
+  /// next finds a copy done; so a stage's offloaded activations stop taking device memory
+  /// where it ends, as the planner's profile measured (NOTE [Offload ordering]).
+  void release_offloaded_sources() {
+    if constexpr (HasOffload<B>) {
+      if (offload_backend_ != nullptr) offload_backend_->release_offloaded_sources();
+    }
   }
 
   /// Releases what nothing can use: of each op kept for reuse that the recompute never
   /// reaches (`reached(op_index)` is false), the outputs no save refers to
   /// (`referenced(tensor)` is false). Its referenced outputs stay held, no longer for
-  /// reuse (feed_forward keeps z, which its backward saved, and lets y go).
+  /// reuse (feed_forward keeps z, which its backward saved, and lets y go). The host
+  /// copies of such an op go too: no recompute would fetch them back for anything.
   template <class Reached, class Referenced>
   void release_unused(Reached&& reached, Referenced&& referenced) {
+    for (auto it = offloaded_.begin(); it != offloaded_.end();)
+      it = reached(it->first) ? std::next(it) : offloaded_.erase(it);
     for (auto it = saved_.begin(); it != saved_.end();) {
       if (reached(it->first)) {
         ++it;
@@ -107,6 +126,7 @@ class KeptOutputs {
   std::unordered_map<std::int64_t, std::vector<Tensor<B>>> saved_;
   std::unordered_map<std::int64_t, std::vector<SavedRef<B>>> refs_;
   std::unordered_map<std::int64_t, Offloaded> offloaded_;
+  B* offload_backend_ = nullptr;  // the backend the copies went through, once there are any
   std::size_t bytes_ = 0;
 };
 

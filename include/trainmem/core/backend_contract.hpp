@@ -115,11 +115,13 @@ concept HasMapPair = requires(B& backend, const Tensor<B>& t) {
 };
 
 /// A backend that can move a tensor to host memory and back off its main stream
-/// (checkpoint policies that offload use it; elsewhere they keep the tensor).
+/// (checkpoint policies that offload use it; elsewhere they keep the tensor), and that
+/// can hand the device bytes of every tensor offloaded so far back in stream order.
 template <class B>
 concept HasOffload = requires(B& backend, const Tensor<B>& t, typename B::HostCopy& copy) {
   { backend.offload(t) } -> std::same_as<typename B::HostCopy>;
   { backend.fetch(copy) } -> std::same_as<Tensor<B>>;
+  backend.release_offloaded_sources();
 };
 
 namespace detail {

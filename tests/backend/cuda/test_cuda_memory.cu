@@ -137,3 +137,31 @@ TEST_CASE("cuda offload: round trips through pinned memory, ordered by events", 
   CHECK(stats.live(MemCategory::HostOffload) == 0);
   CHECK(gpu.offloads_pending() == 0);
 }
+
+TEST_CASE("cuda offload: release_offloaded_sources gives the sources' bytes back with no host wait",
+          "[cuda][offload]") {
+  TRAINMEM_REQUIRE_CUDA_DEVICE();
+  Inputs random;
+  INFO("seed " << random.seed());
+  Gpu gpu;
+  auto& stats = gpu.memory();
+  const std::int64_t n = 1 << 20;
+  std::vector<std::vector<double>> expected;
+  std::vector<Gpu::HostCopy> copies;
+  for (int i = 0; i < 4; ++i) {
+    const auto x = rounded_to(random.uniform(n), DType::F32);
+    auto source = tmem::Tensor<Gpu>::from_host(Shape{n}, x, DType::F32, MemCategory::SavedActivation, gpu);
+    copies.push_back(gpu.offload(source));
+    expected.push_back(x);
+  }                                 // the sources are dropped; the engine holds them until their copies are done
+  gpu.release_offloaded_sources();  // a checkpoint region's end: main waits for the copies, bytes go back now
+  CHECK(stats.live(MemCategory::SavedActivation) == 0);
+  CHECK(gpu.offloads_pending() == 0);
+  // Main-stream work after the release reuses the bytes only after the copies have read them.
+  auto overwrite = tmem::Tensor<Gpu>::empty(Shape{4 * n}, DType::F32, MemCategory::Temporary, gpu);
+  overwrite.zero_();
+  for (int i = 0; i < 4; ++i) CHECK(gpu.fetch(copies[static_cast<std::size_t>(i)]).to_host<double>() == expected[i]);
+  copies.clear();
+  gpu.synchronize();
+  CHECK(stats.live(MemCategory::HostOffload) == 0);
+}

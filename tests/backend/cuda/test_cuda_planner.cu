@@ -45,7 +45,8 @@ TEST_CASE("cuda planner: Offload is measured and exact, planned steps fit and ma
   for (std::int64_t k = 1; k < n; ++k) {
     const tmem::StageCosts& s = p.stages[static_cast<std::size_t>(k)];
     INFO("stage " << k);
-    CHECK(s.kept[offload][1] < s.kept[keep][1]);  // device bytes: the copies are on the host
+    CHECK(s.kept[offload][1] < s.kept[keep][1]);  // saved activations: the copies are on the host
+    CHECK(s.kept[offload][0] < s.kept[keep][0]);  // device bytes too: the sources went back to the pool
     CHECK(s.fwd_ms[offload] > 0.0);
     CHECK(s.bwd_ms[offload] > 0.0);
   }
@@ -57,6 +58,8 @@ TEST_CASE("cuda planner: Offload is measured and exact, planned steps fit and ma
   gpu.synchronize();
   CHECK(gpu.memory().live(tmem::MemCategory::HostOffload) == 0);
 
+  // A step with no marks never waits for the side stream: the offloaded sources must still
+  // go back to the pool where each region ends, or the whole-step peak would hold them all.
   const tmem::PlanPrediction predicted = tmem::predict(p, offloaded);
   const tmem::StepMeasurement measured = planner.measure(offloaded);
   for (int c = 0; c < tmem::kMemChannels; ++c) {

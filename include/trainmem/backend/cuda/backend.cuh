@@ -378,6 +378,13 @@ class Backend : public FusedUpdate<Backend> {
     offload_.fetch_into(copy, tensor.data());
     return tensor;
   }
+  /// The main stream waits for every copy out queued so far, and the offloaded tensors'
+  /// device bytes go back to the pool now, in stream order (a checkpoint region calls this
+  /// when its forward ends; without it they wait until the host next finds a copy done).
+  void release_offloaded_sources() {
+    runtime::make_current(device_);
+    offload_.release_sources();
+  }
   /// Offload copies and released buffers still waiting for the side stream.
   std::size_t offloads_pending() const { return offload_.pending(); }
 

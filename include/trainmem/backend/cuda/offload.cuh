@@ -15,7 +15,11 @@
 //   ~HostCopy: the pinned buffer goes back to the cache once the last copy that reads
 //     or writes it has completed (its event is polled, not waited on).
 // Pinned bytes count as MemCategory::HostOffload from offload() until they return.
-// Finished entries are reclaimed on each offload(), fetch() and synchronize().
+// Finished entries are reclaimed on each offload(), fetch() and synchronize(); a
+// checkpoint region whose forward offloaded calls release_sources() as it ends, so the
+// main stream waits there for its copies and the sources' bytes return to the pool in
+// stream order instead of whenever the host next polls (a step that never waits would
+// otherwise hold every offloaded activation on the device until backward).
 //
 // Polling an event that has not completed returns cudaErrorNotReady and also leaves it
 // as the thread's last error, where the next launch check would report it as a failed
@@ -171,6 +175,20 @@ class OffloadEngine {
     while (!pending_.empty() && event_complete(pending_.front().done)) {
       finish(pending_.front());
       pending_.pop_front();
+    }
+  }
+  /// The main stream waits for every copy out queued so far; their sources are let go now,
+  /// so their bytes return to the pool in main-stream order, after the copies have read
+  /// them. Released pinned buffers still wait for their events (the host reuses them).
+  void release_sources() {
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      if (it->owns_host) {
+        ++it;
+        continue;
+      }
+      TRAINMEM_CUDA_CHECK(cudaStreamWaitEvent(main_, it->done, 0));
+      finish(*it);
+      it = pending_.erase(it);
     }
   }
   /// Number of copies or buffers still waiting for the side stream.
