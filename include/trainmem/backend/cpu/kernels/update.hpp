@@ -14,6 +14,7 @@
 
 #include "trainmem/backend/cpu/convert.hpp"
 #include "trainmem/backend/cpu/kernels/parallel.hpp"
+#include "trainmem/backend/cpu/simd.hpp"
 #include "trainmem/core/dtype.hpp"
 #include "trainmem/core/rng.hpp"
 #include "trainmem/core/stochastic_rounding.hpp"
