@@ -24,6 +24,11 @@
 // `accumulation_steps`. The average divides by size() * accumulation_steps: the result
 // is the gradient of the mean loss over every micro-batch of every rank, as one process
 // with the whole global batch would compute it (when each micro-batch loss is a mean).
+//
+// Every rank must build it alike: construction refuses, on every rank, parameter lists
+// that differ in count, names, shapes, dtypes or order, and a different bucket_bytes or
+// accumulation_steps (dist/same_configuration.hpp); and each average carries its number,
+// so a rank that skipped one is named at the next (dist/grad_buckets.hpp).
 #pragma once
 
 #include <algorithm>
@@ -37,7 +42,7 @@
 #include "trainmem/dist/communicator.hpp"
 #include "trainmem/dist/flat_layout.hpp"
 #include "trainmem/dist/grad_buckets.hpp"
-#include "trainmem/dist/same_parameters.hpp"
+#include "trainmem/dist/same_configuration.hpp"
 
 namespace trainmem::dist {
 
@@ -57,16 +62,22 @@ struct DataParallelOptions {
 template <class B>
 class DataParallel {
  public:
-  /// A collective: checks that every rank holds the same parameter list (count, dtypes,
-  /// shapes; trainmem::Error naming the difference), then makes every rank's parameter
-  /// values rank 0's, so all ranks start from the same weights.
-  DataParallel(Communicator<B>& comm, std::vector<Var<B>> params, DataParallelOptions options = {})
+  /// A collective: checks that every rank holds the same parameter list (count, then
+  /// names, shapes and dtypes in order) and options, plus `owner_settings` (those of an
+  /// object built on this one, such as ZeroOptimizer's stage), with trainmem::Error on
+  /// every rank naming the first difference; then makes every rank's parameter values
+  /// rank 0's, so all ranks start from the same weights.
+  DataParallel(Communicator<B>& comm, std::vector<Var<B>> params, DataParallelOptions options = {},
+               const std::vector<Setting>& owner_settings = {})
       : comm_(&comm),
         params_(checked(std::move(params), options)),
         layout_(params_),
         options_(options),
         buckets_(comm, params_, layout_, options.bucket_bytes / 4, options.buckets_in_flight) {
-    check_same_parameters(comm, params_, "dist::DataParallel");
+    std::vector<Setting> settings{setting("bucket_bytes", options.bucket_bytes),
+                                  setting("accumulation_steps", options.accumulation_steps)};
+    settings.insert(settings.end(), owner_settings.begin(), owner_settings.end());
+    check_same_configuration(comm, params_, settings, "dist::DataParallel");
     for (const Var<B>& p : params_) comm.broadcast(p.value(), 0);
     if (!options.overlap_with_backward) return;
     for (const Var<B>& p : params_)  // all checked before any is set: a throw leaves no hook behind

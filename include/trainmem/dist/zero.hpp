@@ -62,13 +62,9 @@ class ZeroOptimizer {
   template <class OptimizerOptions>
   ZeroOptimizer(Communicator<B>& comm, std::vector<Var<B>> params, ZeroOptions options,
                 OptimizerOptions optimizer_options)
-      : dp_(comm, std::move(params), options.data_parallel),
+      : dp_(comm, std::move(params), checked(options).data_parallel, settings_of(options)),
         options_(options),
         shard_(shard_range(dp_.layout().total(), comm.rank(), comm.size())) {
-    trainmem::detail::check(options.stage == 1 || options.stage == 2, "dist::ZeroOptimizer: stage must be 1 or 2, got ",
-                            options.stage);
-    trainmem::detail::check(options.model_dtype == DType::F32 || is_16bit(options.model_dtype),
-                            "dist::ZeroOptimizer: the model dtype must be f32, f16 or bf16, got ", options.model_dtype);
     const auto& ps = dp_.params();
     trainmem::detail::check(!ps.empty(), "dist::ZeroOptimizer: no parameters");
     for (const Var<B>& p : ps)
@@ -236,6 +232,22 @@ class ZeroOptimizer {
     }
     if (options_.stage == 2)
       for (const Var<B>& p : dp_.params()) p.zero_grad();
+  }
+
+  /// The options, checked before any collective (so a bad one throws on its own rank only
+  /// there, not part way through set-up).
+  static const ZeroOptions& checked(const ZeroOptions& options) {
+    trainmem::detail::check(options.stage == 1 || options.stage == 2, "dist::ZeroOptimizer: stage must be 1 or 2, got ",
+                            options.stage);
+    trainmem::detail::check(options.model_dtype == DType::F32 || is_16bit(options.model_dtype),
+                            "dist::ZeroOptimizer: the model dtype must be f32, f16 or bf16, got ", options.model_dtype);
+    return options;
+  }
+  /// What every rank must choose alike: the stage decides the collectives, the model dtype
+  /// their byte counts, the rounding the weights every rank receives.
+  static std::vector<Setting> settings_of(const ZeroOptions& options) {
+    return {setting("stage", options.stage), setting("model_dtype", options.model_dtype),
+            setting("rounding", options.rounding == RoundingMode::Stochastic ? "stochastic" : "nearest-even")};
   }
 
   /// Every segment has a reduced gradient a step may apply; checked before clipping

@@ -1,18 +1,21 @@
 // tests/dist/mpi/test_dist_mpi.cpp — data parallelism and ZeRO over MPI, one scenario per run.
 //
 //   mpirun -np N test_dist_mpi <equivalence|overflow|empty_shard|memory|mismatch|failed_backward|
-//                               checkpoint_bf16|abort>
+//                               checkpoint_bf16|abort|stalled|fewer_steps|early_return|skipped_step|
+//                               zero_stages|bucket_bytes|parameter_order|accumulation_steps>
 //
 // Each rank checks its own results and throws on a failure; dist::mpi::run then names
 // the rank and aborts the job, so a failed check can never leave the others waiting.
 // The references are independent: one process training on the whole global batch
 // (no communicator), the ZeRO byte formulas, bitwise snapshots taken before a step,
 // the same sharded run without checkpoint regions.
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "../dist_model.hpp"
@@ -277,8 +280,8 @@ int mismatch(dist::mpi::Communicator& comm) {
   nn::Linear<B> fc1(7, 5, init, true, DType::F32, "fc1"), fc2(5, odd ? 4 : 3, init, false, DType::F32, "fc2");
   std::vector<Var<B>> params = fc1.parameters();
   for (const auto& p : fc2.parameters()) params.push_back(p);
-  const std::string expected =
-      "rank " + std::to_string(comm.size() - 1) + " has parameter 2 'fc2.weight' is [4, 5] f32, rank 0's is [3, 5] f32";
+  const std::string expected = "rank " + std::to_string(comm.size() - 1) +
+                               " has parameter 2 'fc2.weight' [4, 5] f32, rank 0 has 'fc2.weight' [3, 5] f32";
   try {
     dist::DataParallel<B> sync(comm, params);
     require(false, "no error for mismatched parameter lists");
@@ -291,7 +294,7 @@ int mismatch(dist::mpi::Communicator& comm) {
     dist::DataParallel<B> sync(comm, params);
     require(false, "no error for a missing parameter");
   } catch (const Error& e) {
-    const std::string count = "rank " + std::to_string(comm.size() - 1) + " has 2 parameters, rank 0 has 3";
+    const std::string count = "rank " + std::to_string(comm.size() - 1) + " has parameter count 2, rank 0 has 3";
     require(std::string(e.what()).find(count) != std::string::npos, "the error '", e.what(), "' lacks '", count, "'");
   }
   return 0;
@@ -436,6 +439,111 @@ int checkpoint_bf16(dist::mpi::Communicator& comm) {
   return 0;
 }
 
+// The cross-rank mistakes of issue 55: each scenario is a training loop as a user would
+// write it, wrong on the last rank only. None of them may hang or train silently: every
+// rank must end with a message naming the rank and what differs (the CTest cases check
+// both ranks' lines), so each scenario returns 0 only if no rank noticed.
+
+/// Stage 0 (DataParallel + AdamW) or ZeRO-1/2 on TinyNet for `steps` steps, with `options`.
+void train_with(dist::Communicator<B>& comm, int stage, int steps, dist::DataParallelOptions options,
+                const std::vector<Var<B>>* order = nullptr) {
+  TinyNet net;
+  const std::vector<Var<B>> params = order ? *order : net.parameters();
+  const std::int64_t rows = kGlobalBatch / comm.size(), first = comm.rank() * rows;
+  const auto micro_batches = [&](int s, auto&& done) {
+    for (std::int64_t m = 0; m < options.accumulation_steps; ++m) {
+      const std::int64_t n = options.accumulation_steps;
+      backward(net, first + m * rows / n, first + (m + 1) * rows / n, s, DType::F32);
+      done();
+    }
+  };
+  if (stage == 0) {
+    dist::DataParallel<B> sync(comm, params, options);
+    optim::AdamW<B> opt(params, adamw_options());
+    for (int s = 0; s < steps; ++s) {
+      opt.zero_grad();
+      micro_batches(s, [&] { sync.micro_batch_done(); });
+      opt.step();
+    }
+  } else {
+    dist::ZeroOptimizer<B> zero(comm, params, {.stage = stage, .model_dtype = DType::F32, .data_parallel = options},
+                                adamw_options());
+    for (int s = 0; s < steps; ++s) {
+      zero.zero_grad();
+      micro_batches(s, [&] { zero.micro_batch_done(); });
+      zero.step();
+    }
+  }
+}
+
+bool last_rank(const dist::Communicator<B>& comm) { return comm.rank() == comm.size() - 1; }
+
+/// Case 3: the last rank runs 3 steps, the others 4 (the last rank leaves the job early).
+int fewer_steps(dist::mpi::Communicator& comm) {
+  train_with(comm, 0, last_rank(comm) ? 3 : 4, {.bucket_bytes = 64});
+  return 0;
+}
+
+/// Case 3, ZeRO-2: the last rank returns right after building its optimizer.
+int early_return(dist::mpi::Communicator& comm) {
+  train_with(comm, 2, last_rank(comm) ? 0 : 2, {.bucket_bytes = 64});
+  return 0;
+}
+
+/// Case 3, a skipped step: the last rank skips step 1 (a loop that `continue`s past a bad
+/// batch), so it averages once less than the others and leaves while they wait.
+int skipped_step(dist::mpi::Communicator& comm) {
+  TinyNet net;
+  const std::int64_t rows = kGlobalBatch / comm.size(), first = comm.rank() * rows;
+  dist::DataParallel<B> sync(comm, net.parameters(), {.bucket_bytes = 64});
+  optim::AdamW<B> opt(net.parameters(), adamw_options());
+  for (int s = 0; s < 4; ++s) {
+    if (last_rank(comm) && s == 1) continue;
+    opt.zero_grad();
+    backward(net, first, first + rows, s, DType::F32);
+    sync.micro_batch_done();
+    opt.step();
+  }
+  return 0;
+}
+
+/// Case 4: ZeRO stage 1 on every rank but the last, stage 2 there.
+int zero_stages(dist::mpi::Communicator& comm) {
+  train_with(comm, last_rank(comm) ? 2 : 1, 3, {.bucket_bytes = 64});
+  return 0;
+}
+
+/// Case 5: a different bucket size on the last rank.
+int bucket_bytes(dist::mpi::Communicator& comm) {
+  train_with(comm, 0, 3, {.bucket_bytes = last_rank(comm) ? 128 : 64});
+  return 0;
+}
+
+/// Case 6: the same parameters in another order on the last rank; both are [3, 5], so
+/// only their names tell them apart.
+int parameter_order(dist::mpi::Communicator& comm) {
+  nn::Init init(3);
+  nn::Linear<B> a(5, 3, init, false, DType::F32, "a"), b(5, 3, init, false, DType::F32, "b");
+  std::vector<Var<B>> params{a.weight(), b.weight()};
+  if (last_rank(comm)) std::swap(params[0], params[1]);
+  dist::DataParallel<B> sync(comm, params, {.bucket_bytes = 64});
+  return 0;
+}
+
+/// Case 7: two micro-batches per average on the last rank, one on the others.
+int accumulation_steps(dist::mpi::Communicator& comm) {
+  train_with(comm, 0, 3, {.bucket_bytes = 64, .accumulation_steps = last_rank(comm) ? 2 : 1});
+  return 0;
+}
+
+/// Rank 1 arrives 3 s late at a barrier, rank 0 gives up after 2 s (run's timeout): rank 0
+/// names the collective that timed out, and rank 1, arriving, fails naming rank 0.
+int stalled(dist::mpi::Communicator& comm) {
+  if (comm.rank() == 1) std::this_thread::sleep_for(std::chrono::seconds(3));
+  comm.barrier();
+  return 0;
+}
+
 /// Rank 1 throws while the others wait in a collective: the job must end, naming rank 1.
 int abort_on_error(dist::mpi::Communicator& comm) {
   if (comm.rank() == 1) throw Error("injected failure");
@@ -447,17 +555,33 @@ int abort_on_error(dist::mpi::Communicator& comm) {
 
 int main(int argc, char** argv) {
   dist::mpi::Environment environment(&argc, &argv);
-  return dist::mpi::run([&] {
-    dist::mpi::Communicator comm;
-    const std::string scenario = argc > 1 ? argv[1] : "";
-    if (scenario == "equivalence") return equivalence(comm);
-    if (scenario == "overflow") return overflow(comm);
-    if (scenario == "empty_shard") return empty_shard(comm);
-    if (scenario == "memory") return memory(comm);
-    if (scenario == "mismatch") return mismatch(comm);
-    if (scenario == "checkpoint_bf16") return checkpoint_bf16(comm);
-    if (scenario == "abort") return abort_on_error(comm);
-    if (scenario == "failed_backward") return failed_backward(comm);
-    throw Error("test_dist_mpi: unknown scenario '" + scenario + "'");
-  });
+  const std::string scenario = argc > 1 ? argv[1] : "";
+  // The cross-rank scenarios must end within CTest's 30 s; the others keep the default.
+  dist::mpi::RunOptions options;
+  if (scenario == "stalled") options.timeout = std::chrono::seconds(2);
+  for (const char* name : {"fewer_steps", "early_return", "skipped_step", "zero_stages", "bucket_bytes",
+                           "parameter_order", "accumulation_steps", "abort"})
+    if (scenario == name) options.timeout = std::chrono::seconds(10);
+  return dist::mpi::run(
+      [&] {
+        dist::mpi::Communicator comm;
+        if (scenario == "equivalence") return equivalence(comm);
+        if (scenario == "overflow") return overflow(comm);
+        if (scenario == "empty_shard") return empty_shard(comm);
+        if (scenario == "memory") return memory(comm);
+        if (scenario == "mismatch") return mismatch(comm);
+        if (scenario == "checkpoint_bf16") return checkpoint_bf16(comm);
+        if (scenario == "abort") return abort_on_error(comm);
+        if (scenario == "failed_backward") return failed_backward(comm);
+        if (scenario == "fewer_steps") return fewer_steps(comm);
+        if (scenario == "early_return") return early_return(comm);
+        if (scenario == "skipped_step") return skipped_step(comm);
+        if (scenario == "zero_stages") return zero_stages(comm);
+        if (scenario == "bucket_bytes") return bucket_bytes(comm);
+        if (scenario == "parameter_order") return parameter_order(comm);
+        if (scenario == "accumulation_steps") return accumulation_steps(comm);
+        if (scenario == "stalled") return stalled(comm);
+        throw Error("test_dist_mpi: unknown scenario '" + scenario + "'");
+      },
+      options);
 }
