@@ -120,7 +120,7 @@ class Watch {
       check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test");
       if (done) return;
       read_notices();
-      for (int q = 0; q < size_; ++q) {
+      for (int q = 0; heard_anything_ && q < size_; ++q) {
         const Heard& h = heard_[static_cast<std::size_t>(q)];
         trainmem::detail::check(!h.failed, "dist::mpi: rank ", q, " failed while this rank waited in ", op,
                                 " (collective ", number, "): ", h.text);
@@ -194,6 +194,7 @@ class Watch {
       check(MPI_Test(&receive_, &done, &status), "MPI_Test");
       if (!done) return;
       Heard& h = heard_[static_cast<std::size_t>(status.MPI_SOURCE)];
+      heard_anything_ = true;
       if (incoming_.kind == Notice::kLeft) {
         h.left = true;
         h.collectives = incoming_.collectives;
@@ -224,6 +225,7 @@ class Watch {
   Notice incoming_;
   MPI_Request receive_ = MPI_REQUEST_NULL;
   std::vector<Heard> heard_;
+  bool heard_anything_ = false;  // the per-rank scan of a wait runs only once a notice came
   std::vector<std::unique_ptr<Notice>> sent_;
   std::deque<MPI_Request> sends_;  // stable addresses
 };

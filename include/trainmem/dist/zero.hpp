@@ -27,6 +27,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <span>
 #include <string>
@@ -280,14 +281,23 @@ class ZeroOptimizer {
   }
 
   /// After a step: every rank's updated shard goes to every other rank, bucket by bucket,
-  /// and the shard's gradients (views, or f32 copies unscale_ made) are let go.
+  /// up to buckets_in_flight gathers at once (in place: they need no buffer), and the
+  /// shard's gradients (views, or f32 copies unscale_ made) are let go.
   void finish(bool stepped) {
     if (stepped) {
       Communicator<B>& comm = dp_.communicator();
       const std::int64_t total = dp_.layout().total();
+      const auto limit = static_cast<std::size_t>(dp_.options().buckets_in_flight);
+      std::deque<std::unique_ptr<Pending>> gathers;
       FlatLayout::for_each_window(Range{0, total}, dp_.bucket_elements(), [&](Range window) {
-        comm.all_gather(flat_.slice(window.begin, window.end), shard_counts(window, total, comm.size()));
+        if (gathers.size() >= limit) {
+          gathers.front()->wait();
+          gathers.pop_front();
+        }
+        gathers.push_back(
+            comm.start_all_gather(flat_.slice(window.begin, window.end), shard_counts(window, total, comm.size())));
       });
+      for (const auto& gather : gathers) gather->wait();
     }
     optimizer_->zero_grad();
   }
