@@ -27,15 +27,17 @@
 //  - a rank whose work returns sends "left after n collectives" and waits for every
 //    other rank's notice: all left after the same n is a clean end; a rank still
 //    waiting in a collective sees the notice and fails naming the rank that left (one
-//    that ran fewer steps or returned early), which fails the leaving rank too;
+//    that ran fewer steps or returned early), which fails the leaving rank too. This
+//    wait has no timeout: a rank still computing (saving a last checkpoint) is no error,
+//    and a rank waiting in a collective answers at once;
 //  - a collective that has waited RunOptions::timeout fails, naming itself and its
 //    number: a rank is stuck elsewhere or calls another sequence of collectives.
 // In the steady state this costs no message: the channel is read by an MPI_Test in the
-// wait loop. Rank-to-rank disagreements that do not stop a collective (another bucket
-// size, another order of the same shapes, a skipped step) are refused by the set-up
-// check (dist/same_configuration.hpp) and the step number that rides on each average
-// (dist/grad_buckets.hpp). Only a communicator congruent to MPI_COMM_WORLD is watched:
-// on a subset of the ranks the counts would differ.
+// wait loop; the price is that every collective takes MPI's non-blocking path (the
+// gradient buckets always did). Disagreements that do not stop a collective (another
+// bucket size or accumulation count, the same shapes in another order) are refused at
+// set-up instead (dist/same_configuration.hpp). Only a communicator congruent to
+// MPI_COMM_WORLD is watched: on a subset of the ranks the counts would differ.
 #pragma once
 
 #include <mpi.h>

@@ -58,8 +58,10 @@ struct ZeroOptions {
 template <class B, class Optimizer = optim::AdamW<B>>
 class ZeroOptimizer {
  public:
-  /// A collective. Checks the ranks' parameter lists, takes rank 0's weights, moves the
-  /// weights into one flat buffer of `options.model_dtype` and builds this rank's shard.
+  /// A collective. Checks that the ranks' parameter lists and settings agree (those of
+  /// DataParallel, and the stage, model dtype and rounding: dist/same_configuration.hpp),
+  /// takes rank 0's weights, moves the weights into one flat buffer of
+  /// `options.model_dtype` and builds this rank's shard.
   template <class OptimizerOptions>
   ZeroOptimizer(Communicator<B>& comm, std::vector<Var<B>> params, ZeroOptions options,
                 OptimizerOptions optimizer_options)
