@@ -3,14 +3,16 @@
 // A recompute is only correct if it redoes the forward exactly, so a region records
 // both ends of that promise: the state the forward started from (the ReplayState a
 // recompute restores: RNG, autocast, cast-cache generation), and what each save of the
-// forward looked like. The k-th save of the recompute is checked against the k-th
-// record: op, shape and dtype always; by default also the values, through a backend
-// fingerprint (core/fingerprint.hpp: an integer sum over at most 1,024 words in runs spread
-// over the tensor, taken for each dropped tensor in the forward and at the region's first
-// recompute, no copy of the tensor; the CUDA backend compares on the device and raises a
-// mismatch at the next host wait, so the check adds none); on request a host checksum of every byte, or the
-// bytes themselves, at every recompute. A mismatch is a
-// CheckpointError naming both saves, never a gradient computed from the wrong tensor.
+// forward looked like. The k-th save of every recompute (the first, and each one after a
+// backward with retain_graph) is checked against the k-th record: op, shape and dtype
+// always; by default also the values, through a backend fingerprint of every byte
+// (core/fingerprint.hpp: a sum of position-keyed splitmix64 terms, so any one changed
+// element is always seen and changes that cancel in a sum of values are not blind spots),
+// taken once for each dropped tensor in the forward and once for each tensor a recompute
+// brings back, no copy of the tensor. The CUDA backend compares on the device and raises a
+// mismatch at the next host wait, so the check adds no wait. On request a host checksum
+// of every byte, or the bytes themselves. A mismatch is a CheckpointError naming both
+// saves, never a gradient computed from the wrong tensor.
 //
 // NOTE [Capture by value]
 // A region's fn runs again at backward time with whatever it captured. A lambda that
@@ -33,8 +35,8 @@ namespace trainmem {
 /// How much of a recompute is compared with its forward.
 enum class DeterminismCheck : std::uint8_t {
   Metadata,     // count, op, shape and dtype of every saved tensor (always on)
-  Fingerprint,  // ... and, at a region's first recompute, a backend fingerprint of each recomputed tensor (default)
-  Checksum,     // ... and at every recompute a 64-bit FNV-1a hash of the bytes, copied to the host
+  Fingerprint,  // ... and a backend fingerprint of every byte of each recomputed tensor, on the device (default)
+  Checksum,     // ... and a 64-bit FNV-1a hash of the bytes, copied to the host
   Bitwise,      // ... and the bytes themselves (keeps a host copy: a debugging aid)
 };
 
@@ -85,7 +87,7 @@ class DeterminismRecord {
                                    " ", r.shape, " from op '", r.op, "' in forward, but ", tensor.dtype(), " ",
                                    tensor.shape(), " from op '", op, "' in recompute");
     if (r.slot < 0) return r.slot;
-    if (level_ == DeterminismCheck::Fingerprint && !values_verified_)
+    if (level_ == DeterminismCheck::Fingerprint)
       tensor.backend().check_fingerprint(
           tensor, r.fingerprint,
           detail::concat(
@@ -103,10 +105,6 @@ class DeterminismRecord {
                                      " (op '", r.op, "', ", r.shape, ") differ bitwise from the forward");
     return r.slot;
   }
-
-  /// A recompute has filled every slot with checked values: later recomputes of this
-  /// region (a second backward) skip the fingerprint.
-  void mark_values_verified() { values_verified_ = true; }
 
   /// Checks that a recompute run to the end saved as many tensors as the forward.
   void verify_complete(std::size_t recomputed) const {
@@ -128,7 +126,6 @@ class DeterminismRecord {
   };
 
   DeterminismCheck level_;
-  bool values_verified_ = false;
   ReplayState<B> start_;
   std::vector<Save> saves_;
 };
