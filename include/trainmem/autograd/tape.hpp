@@ -21,6 +21,15 @@
 // of nodes below where the walk stops run theirs at the end. Without hooks, none of
 // this costs more than one pass over the edges.
 //
+// NOTE [The tape during backward]
+// Backward walks the tape's node list, and what it calls may run user code: a grad-ready
+// hook, a checkpoint region's recompute. That code must not change the list under the
+// walk: tape.clear() (it would free the nodes being walked), an op recorded onto the tape
+// (it would move them) and a second backward of the same tape (it would take the gradients
+// the walk holds) are each refused with an Error while a backward runs; the backward then
+// ends as a failed one (below). Clear the tape, or record the next step, after backward
+// returns; a recompute records into its own scratch list and is not affected.
+//
 // NOTE [A backward that fails]
 // Leaves accumulate as the walk goes (their hooks may already have sent them), so a
 // backward that throws part way is not undone: a leaf it reaches may hold some of its
@@ -74,8 +83,12 @@ class Tape {
     return Var<B>(std::move(impl));
   }
 
-  /// Appends a node (to the scratch list during a region's recompute).
+  /// Appends a node (to the scratch list during a region's recompute); refused onto the
+  /// tape while its backward runs (NOTE [The tape during backward]).
   Node<B>* record(std::unique_ptr<Node<B>> node) {
+    detail::check(sink_ != nullptr || !in_backward_, "Tape::record: op '", node->op ? node->op->name : "?",
+                  "' recorded onto the tape while its backward runs (from a grad-ready hook?): backward is "
+                  "walking the tape's nodes; compute under NoGradGuard there, or after backward returns");
     auto& sink = sink_ ? *sink_ : nodes_;
     sink.push_back(std::move(node));
     return sink.back().get();
@@ -89,8 +102,12 @@ class Tape {
   }
 
   /// Drops every node and what it saved; the tape can record a new step. Vars made
-  /// before are stale from now on (their next use throws).
+  /// before are stale from now on (their next use throws). Refused while backward runs
+  /// (NOTE [The tape during backward]).
   void clear() {
+    detail::check(!in_backward_,
+                  "Tape::clear: tape.clear() called during backward (from a grad-ready hook or an op's backward): "
+                  "backward is walking the nodes it would free; clear the tape after backward returns");
     ++life_->generation;
     nodes_.clear();
     backward_ran_ = false;
@@ -145,6 +162,9 @@ class Tape {
                   "belongs to another tape");
     detail::check(r.requires_grad, "backward: the root ", r.value.shape(),
                   " does not require grad (no parameter or grad-requiring input reaches it)");
+    detail::check(!in_backward_,
+                  "backward: called while a backward of this tape runs (from a grad-ready hook?); run it after "
+                  "the first one returns");
     detail::check(!backward_ran_,
                   "backward: this tape's graph was freed by an earlier backward. For the next step, "
                   "record on a new Tape or call tape.clear() first; to run backward twice over one graph, "
@@ -162,6 +182,7 @@ class Tape {
       seed_grad = Tensor<B>::full(r.value.shape(), 1.0, r.value.dtype(), MemCategory::Temporary, *backend_);
     }
     if (!retain_graph) backward_ran_ = true;
+    InBackward running(*this);
     if (r.grad_fn == nullptr) {  // the root is itself a leaf
       accumulate_into_leaf(*r.grad_slot, seed_grad);
       if (r.grad_slot->on_ready) r.grad_slot->on_ready();
@@ -222,6 +243,18 @@ class Tape {
   }
 
  private:
+  /// \brief RAII: marks the tape as running a backward (NOTE [The tape during backward]).
+  class InBackward {
+   public:
+    explicit InBackward(Tape& tape) : tape_(tape) { tape.in_backward_ = true; }
+    ~InBackward() { tape_.in_backward_ = false; }
+    InBackward(const InBackward&) = delete;
+    InBackward& operator=(const InBackward&) = delete;
+
+   private:
+    Tape& tape_;
+  };
+
   /// The hooked leaves' contributions still to come in one backward (NOTE [When a
   /// leaf's gradient is final]).
   class ReadyLeaves {
@@ -316,6 +349,7 @@ class Tape {
   std::vector<std::unique_ptr<Node<B>>>* sink_ = nullptr;
   std::vector<SaveHook<B>*> hooks_;
   bool backward_ran_ = false;
+  bool in_backward_ = false;
   std::shared_ptr<detail::TapeLife> life_ = std::make_shared<detail::TapeLife>();
 };
 

@@ -155,7 +155,9 @@ class Var {
   /// `hook` runs during each backward that reaches this leaf, right after the last
   /// contribution to its .grad: from then on this backward does not touch the gradient
   /// again, so it may be read, sent or freed while backward goes on (data parallelism
-  /// reduces gradients this way). One hook per leaf; an empty function removes it.
+  /// reduces gradients this way). One hook per leaf; an empty function removes it. The
+  /// hook must leave the tape alone: tape.clear(), an op recorded onto it or another
+  /// backward of it is an Error there (NOTE [The tape during backward], autograd/tape.hpp).
   void set_grad_ready_hook(std::function<void()> hook) const {
     detail::check(impl().grad_slot != nullptr, "Var::set_grad_ready_hook: '", impl().name,
                   "' is not a leaf that requires grad");

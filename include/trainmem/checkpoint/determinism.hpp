@@ -3,14 +3,17 @@
 // A recompute is only correct if it redoes the forward exactly, so a region records
 // both ends of that promise: the state the forward started from (the ReplayState a
 // recompute restores: RNG, autocast, cast-cache generation), and what each save of the
-// forward looked like. The k-th save of the recompute is checked against the k-th
-// record: op, shape and dtype always; by default also the values, through a backend
-// fingerprint (core/fingerprint.hpp: an integer sum over at most 1,024 words in runs spread
-// over the tensor, taken for each dropped tensor in the forward and at the region's first
-// recompute, no copy of the tensor; the CUDA backend compares on the device and raises a
-// mismatch at the next host wait, so the check adds none); on request a host checksum of every byte, or the
-// bytes themselves, at every recompute. A mismatch is a
-// CheckpointError naming both saves, never a gradient computed from the wrong tensor.
+// forward looked like. The k-th save of every recompute (the first, and each one after a
+// backward with retain_graph) is checked against the k-th record: op, shape and dtype
+// always; by default also the values, through a backend fingerprint of every byte
+// (core/fingerprint.hpp: a sum of position-keyed splitmix64 terms, so any one changed
+// element is always seen and changes that cancel in a sum of values are not blind spots),
+// taken once for each dropped tensor in the forward and once for each tensor a recompute
+// brings back, no copy of the tensor (a tensor several ops save, as q, k and v projections
+// save their input, is read once in each). The CUDA backend compares on the device and raises a
+// mismatch at the next host wait, so the check adds no wait. On request a host checksum
+// of every byte, or the bytes themselves. A mismatch is a CheckpointError naming both
+// saves, never a gradient computed from the wrong tensor.
 //
 // NOTE [Capture by value]
 // A region's fn runs again at backward time with whatever it captured. A lambda that
@@ -21,7 +24,9 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string_view>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -33,8 +38,8 @@ namespace trainmem {
 /// How much of a recompute is compared with its forward.
 enum class DeterminismCheck : std::uint8_t {
   Metadata,     // count, op, shape and dtype of every saved tensor (always on)
-  Fingerprint,  // ... and, at a region's first recompute, a backend fingerprint of each recomputed tensor (default)
-  Checksum,     // ... and at every recompute a 64-bit FNV-1a hash of the bytes, copied to the host
+  Fingerprint,  // ... and a backend fingerprint of every byte of each recomputed tensor, on the device (default)
+  Checksum,     // ... and a 64-bit FNV-1a hash of the bytes, copied to the host
   Bitwise,      // ... and the bytes themselves (keeps a host copy: a debugging aid)
 };
 
@@ -66,17 +71,28 @@ class DeterminismRecord {
 
   /// The forward saved `tensor` for op `op`: into slot `slot` of the region (a tensor
   /// the recompute brings back, whose values are recorded as the level asks), or -1
-  /// (kept directly, so the recompute only has to match its metadata).
+  /// (kept directly, so the recompute only has to match its metadata). The same tensor
+  /// saved again, unchanged, refers to its first save's values instead of reading them again.
   void record(const Tensor<B>& tensor, std::string_view op, std::int64_t slot) {
-    Save save{slot, tensor.shape(), tensor.dtype(), op, {}, 0, {}};
-    if (slot >= 0 && level_ == DeterminismCheck::Fingerprint) save.fingerprint = tensor.backend().fingerprint(tensor);
-    if (slot >= 0 && level_ == DeterminismCheck::Checksum) save.checksum = fnv1a(host_bytes(tensor));
-    if (slot >= 0 && level_ == DeterminismCheck::Bitwise) save.bytes = host_bytes(tensor);
+    Save save{slot, tensor.shape(), tensor.dtype(), op, {}, 0, {}, -1};
+    if (slot >= 0 && level_ != DeterminismCheck::Metadata) {
+      const auto first = first_save_.find(tensor.data());
+      if (first != first_save_.end() && seen_[first->second].is(tensor)) {
+        save.same_as = static_cast<std::int64_t>(first->second);
+      } else {
+        first_save_[tensor.data()] = saves_.size();
+        if (level_ == DeterminismCheck::Fingerprint) save.fingerprint = tensor.backend().fingerprint(tensor);
+        if (level_ == DeterminismCheck::Checksum) save.checksum = fnv1a(host_bytes(tensor));
+        if (level_ == DeterminismCheck::Bitwise) save.bytes = host_bytes(tensor);
+      }
+    }
+    seen_.push_back(Seen::of(tensor));
     saves_.push_back(std::move(save));
   }
 
-  /// Checks the k-th save of a recompute against the forward's; returns the slot it fills (-1: none).
-  std::int64_t verify(std::size_t k, const Tensor<B>& tensor, std::string_view op) const {
+  /// Checks the k-th save of a recompute against the forward's; returns the slot it fills
+  /// (-1: none). Saves come in order, k = 0, 1, ... in each recompute.
+  std::int64_t verify(std::size_t k, const Tensor<B>& tensor, std::string_view op) {
     detail::check<CheckpointError>(k < saves_.size(), "checkpoint: recompute is not deterministic: op '", op,
                                    "' saved tensor #", k, " but the forward saved only ", saves_.size());
     const Save& r = saves_[k];
@@ -84,29 +100,30 @@ class DeterminismRecord {
                                    "checkpoint: recompute is not deterministic: saved tensor #", k, " was ", r.dtype,
                                    " ", r.shape, " from op '", r.op, "' in forward, but ", tensor.dtype(), " ",
                                    tensor.shape(), " from op '", op, "' in recompute");
-    if (r.slot < 0) return r.slot;
-    if (level_ == DeterminismCheck::Fingerprint && !values_verified_)
+    if (r.slot < 0 || level_ == DeterminismCheck::Metadata) return r.slot;
+    // From here on seen_ describes this recompute's saves (k's predecessors are already theirs).
+    const bool checked = r.same_as >= 0 && seen_[static_cast<std::size_t>(r.same_as)].is(tensor);
+    seen_[k] = Seen::of(tensor);
+    if (checked) return r.slot;  // the tensor of save same_as, whose bytes were just checked
+    const Save& values = r.same_as >= 0 ? saves_[static_cast<std::size_t>(r.same_as)] : r;
+    if (level_ == DeterminismCheck::Fingerprint)
       tensor.backend().check_fingerprint(
-          tensor, r.fingerprint,
+          tensor, values.fingerprint,
           detail::concat(
               "checkpoint: recompute is not deterministic: values of saved tensor #", k, " (op '", r.op, "', ", r.shape,
               ") differ from the forward (fingerprint). The region's function recomputed something else with the "
               "same shapes: most often a lambda that captures by reference ([&]) a variable changed after the forward "
               "(a loop variable, the current layer); capture it by value instead ([=], or [&layer = blocks[i]])"));
     if (level_ == DeterminismCheck::Checksum)
-      detail::check<CheckpointError>(fnv1a(host_bytes(tensor)) == r.checksum,
+      detail::check<CheckpointError>(fnv1a(host_bytes(tensor)) == values.checksum,
                                      "checkpoint: recompute is not deterministic: values of saved tensor #", k,
                                      " (op '", r.op, "', ", r.shape, ") differ from the forward (checksum)");
     if (level_ == DeterminismCheck::Bitwise)
-      detail::check<CheckpointError>(host_bytes(tensor) == r.bytes,
+      detail::check<CheckpointError>(host_bytes(tensor) == values.bytes,
                                      "checkpoint: recompute is not deterministic: values of saved tensor #", k,
                                      " (op '", r.op, "', ", r.shape, ") differ bitwise from the forward");
     return r.slot;
   }
-
-  /// A recompute has filled every slot with checked values: later recomputes of this
-  /// region (a second backward) skip the fingerprint.
-  void mark_values_verified() { values_verified_ = true; }
 
   /// Checks that a recompute run to the end saved as many tensors as the forward.
   void verify_complete(std::size_t recomputed) const {
@@ -125,12 +142,25 @@ class DeterminismRecord {
     typename B::Fingerprint fingerprint;  // DeterminismCheck::Fingerprint
     std::uint64_t checksum;               // DeterminismCheck::Checksum
     std::vector<unsigned char> bytes;
+    std::int64_t same_as;  // an earlier save of the same, unchanged tensor, whose values these are; -1: none
+  };
+  /// Which tensor a save was: the same storage object, bytes and version are the same bytes.
+  struct Seen {
+    std::weak_ptr<Storage<B>> storage;
+    const void* data = nullptr;
+    std::size_t bytes = 0;
+    std::uint64_t version = 0;
+    static Seen of(const Tensor<B>& t) { return Seen{t.storage(), t.data(), t.bytes(), t.version()}; }
+    bool is(const Tensor<B>& t) const {
+      return data == t.data() && bytes == t.bytes() && version == t.version() && storage.lock() == t.storage();
+    }
   };
 
   DeterminismCheck level_;
-  bool values_verified_ = false;
   ReplayState<B> start_;
   std::vector<Save> saves_;
+  std::vector<Seen> seen_;  // per save: the forward's tensor, then the latest recompute's
+  std::unordered_map<const void*, std::size_t> first_save_;  // data pointer -> the save that read its values
 };
 
 }  // namespace detail

@@ -84,7 +84,6 @@ class RegionFrame final : public Unpacker<B> {
       } catch (const typename ReplayHook<B>::Stop&) {
       }
     }
-    record_.saves.mark_values_verified();
     record_.kept.drop_fetched();
   }
 

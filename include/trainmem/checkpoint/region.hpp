@@ -62,7 +62,7 @@ auto checkpoint(Tape<B>& tape, const CheckpointOptions& options, Fn&& fn, const 
   return result;
 }
 
-/// checkpoint with the default options: full recompute, metadata determinism check.
+/// checkpoint with the default options: full recompute, every recompute's values checked by fingerprint.
 template <class B, class Fn, class... Inputs>
 auto checkpoint(Tape<B>& tape, Fn&& fn, const Var<B>& first, const Inputs&... rest) {
   return checkpoint(tape, CheckpointOptions{}, std::forward<Fn>(fn), first, rest...);

@@ -1,16 +1,21 @@
-// trainmem/core/fingerprint.hpp — a 64-bit fingerprint of a tensor's bytes, the same from any thread order.
+// trainmem/core/fingerprint.hpp — a 64-bit fingerprint of every byte of a tensor, the same from any thread order.
 //
-// The bytes are read as little-endian 64-bit words (the last one zero-padded). A tensor of
-// up to kFingerprintWords words contributes all of them; a larger one eight runs of 128
-// consecutive words, the runs spread evenly over it (fingerprint_word: runs, not single
-// words, so a tensor that left the cache costs a few streamed runs, not 1,024 misses).
-// The cost per tensor is bounded while any change that reaches many values (other
-// weights, another dropout mask) is still seen. Word j contributes mix(word ^ j * golden), and the contributions
-// are added modulo 2^64: integer addition does not care about order, so a parallel CPU
-// loop and a GPU tree give the same bits, and the position term means moving words
-// changes the sum. mix is splitmix64's finaliser. Checkpoint regions compare the
-// fingerprints of what a recompute saves with the forward's (DeterminismCheck::Fingerprint);
-// DeterminismCheck::Checksum hashes every byte instead.
+// The bytes are read as little-endian 64-bit words (the last one zero-padded), and every
+// word contributes: word j adds mix(word ^ j * golden) to a sum modulo 2^64, where mix is
+// splitmix64's finaliser. Three properties follow, and checkpoint regions rely on them
+// (DeterminismCheck::Fingerprint compares what a recompute saves with the forward's):
+// - Any one changed word changes the fingerprint, always: for a fixed j the term is a
+//   bijection of the word (an xor with a constant, then xor-shifts and odd multiplies), so
+//   it changes and the sum with it. A cutout moved by one element is seen wherever it is.
+// - Changes that cancel in a sum of values (one element +d, another -d; two swapped
+//   elements; two sign flips) do not cancel here: each changed word's term moves by a
+//   pseudo-random amount that depends on its position, so two of them cancel with
+//   probability 2^-64, not by construction.
+// - Integer addition does not care about order, so a parallel CPU loop and a GPU tree give
+//   the same bits.
+// The cost is one pass over the bytes: the CPU loop keeps the key as an induction
+// (key += golden, no multiply) and runs vectorised, about 0.1 ns a byte on one AVX2 core,
+// split over threads for a large tensor.
 #pragma once
 
 #include <cstdint>
@@ -19,28 +24,19 @@
 
 namespace trainmem::detail {
 
-inline constexpr std::uint64_t kFingerprintWords = 1024;
+/// Word j of a buffer is keyed with j * kFingerprintKey (the golden ratio in 64 bits).
+inline constexpr std::uint64_t kFingerprintKey = 0x9E3779B97F4A7C15ull;
 
-TRAINMEM_HOST_DEVICE std::uint64_t fingerprint_term(std::uint64_t word, std::uint64_t index) {
-  std::uint64_t z = word ^ (index * 0x9E3779B97F4A7C15ull);
+/// splitmix64's finaliser: a bijection of 64-bit words, every input bit reaching every output bit.
+TRAINMEM_HOST_DEVICE std::uint64_t fingerprint_mix(std::uint64_t z) {
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
   return z ^ (z >> 31);
 }
 
-/// How many words a buffer of `words` words contributes.
-TRAINMEM_HOST_DEVICE std::uint64_t fingerprint_samples(std::uint64_t words) {
-  return words < kFingerprintWords ? words : kFingerprintWords;
-}
-
-inline constexpr std::uint64_t kFingerprintRun = 128;  // words per run; kFingerprintWords / kFingerprintRun runs
-
-/// The index of the k-th contributing word of a buffer of `words` words: word k % 128 of
-/// run k / 128, which starts at word (k / 128) * words / 8.
-TRAINMEM_HOST_DEVICE std::uint64_t fingerprint_word(std::uint64_t k, std::uint64_t words) {
-  if (words <= kFingerprintWords) return k;
-  const std::uint64_t run = k / kFingerprintRun, runs = kFingerprintWords / kFingerprintRun;
-  return run * words / runs + k % kFingerprintRun;
+/// What word `word` at index `index` adds to the fingerprint.
+TRAINMEM_HOST_DEVICE std::uint64_t fingerprint_term(std::uint64_t word, std::uint64_t index) {
+  return fingerprint_mix(word ^ (index * kFingerprintKey));
 }
 
 }  // namespace trainmem::detail

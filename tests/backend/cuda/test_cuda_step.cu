@@ -556,6 +556,41 @@ TEST_CASE("cuda step: dropout inside a checkpoint recompute gives the plain step
   for (std::size_t i = 0; i < plain.size(); ++i) CHECK(plain[i] == recomputed[i]);
 }
 
+// core/fingerprint.hpp is one formula for both backends: the device tree over every word
+// must give the CPU loop's bits (and a scalar loop's, written out here), for a tensor of
+// whole words, one with a partial last word, and one large enough to split over threads
+// and blocks; one changed element far from the start changes it on both.
+TEST_CASE("cuda fingerprint: every word, the same bits as the CPU backend and a scalar loop", "[cuda][checkpoint]") {
+  TRAINMEM_REQUIRE_CUDA_DEVICE();
+  Gpu& gpu = Gpu::default_instance();
+  Cpu& cpu = Cpu::default_instance();
+  for (const std::int64_t n : {std::int64_t{4}, std::int64_t{4099}, std::int64_t{(1 << 20) + 3}}) {
+    INFO("floats " << n);
+    std::vector<float> values(static_cast<std::size_t>(n));
+    for (std::size_t i = 0; i < values.size(); ++i)
+      values[i] = static_cast<float>(std::sin(0.37 * static_cast<double>(i)));
+    const auto device_bits = [&](const std::vector<float>& v) {
+      const auto fingerprint = gpu.fingerprint(TensorG::from_host(Shape{n}, v, DType::F32));
+      gpu.synchronize();
+      unsigned long long bits = 0;
+      TRAINMEM_CUDA_CHECK(cudaMemcpy(&bits, fingerprint.slot(), sizeof(bits), cudaMemcpyDeviceToHost));
+      return static_cast<std::uint64_t>(bits);
+    };
+    std::uint64_t scalar = 0;
+    for (std::size_t j = 0; 2 * j < values.size(); ++j) {
+      std::uint64_t word = 0;
+      std::memcpy(&word, values.data() + 2 * j, 2 * j + 1 < values.size() ? 8 : 4);
+      scalar += tmem::detail::fingerprint_term(word, j);
+    }
+    const std::uint64_t on_device = device_bits(values);
+    CHECK(on_device == scalar);
+    CHECK(cpu.fingerprint(
+              tmem::Tensor<Cpu>::from_host(Shape{n}, values, DType::F32, tmem::MemCategory::Temporary, cpu)) == scalar);
+    values[values.size() - 1] += 1.0f;
+    CHECK(device_bits(values) != on_device);
+  }
+}
+
 // The first GPU run: DeterminismCheck::Fingerprint (the default) downloaded each
 // fingerprint, one host wait per tensor a region drops and per tensor its recompute
 // compares (130 waits where the step above expects 98). The fingerprints now stay on the

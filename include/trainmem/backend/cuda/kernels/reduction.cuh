@@ -105,14 +105,14 @@ void sum_squares(const KernelContext& ctx, const T* x, std::int64_t n, TAcc* acc
 }
 
 namespace device {
-/// The k-th contributing word of a buffer as core/fingerprint.hpp reads it (little-endian,
-/// the last zero-padded), mixed with its index.
+/// Word j of a buffer as core/fingerprint.hpp reads it (little-endian, the last
+/// zero-padded), mixed with its index.
 struct FingerprintWord {
   const unsigned char* bytes;
-  std::uint64_t size, words;
+  std::uint64_t size;
   bool aligned;
   __device__ unsigned long long operator()(std::int64_t k) const {
-    const std::uint64_t j = ::trainmem::detail::fingerprint_word(static_cast<std::uint64_t>(k), words);
+    const auto j = static_cast<std::uint64_t>(k);
     const std::uint64_t first = j * 8;
     std::uint64_t word = 0;
     if (aligned && first + 8 <= size) {
@@ -140,15 +140,15 @@ struct CompareFingerprint {
 };
 }  // namespace device
 
-/// core/fingerprint.hpp of `bytes` bytes at `data`, into the device word `out`: an
-/// integer sum, so the tree order of reduce_all gives the CPU loop's bits.
+/// core/fingerprint.hpp of `bytes` bytes at `data` (every word), into the device word `out`:
+/// an integer sum, so the tree order of reduce_all gives the CPU loop's bits.
 template <class Finish>
 void reduce_fingerprint(const KernelContext& ctx, const void* data, std::uint64_t bytes, Finish finish) {
   const std::uint64_t words = (bytes + 7) / 8;
   const bool aligned = reinterpret_cast<std::uintptr_t>(data) % 8 == 0;
-  reduce_all<unsigned long long>(
-      ctx, static_cast<std::int64_t>(::trainmem::detail::fingerprint_samples(words)),
-      device::FingerprintWord{static_cast<const unsigned char*>(data), bytes, words, aligned}, finish);
+  reduce_all<unsigned long long>(ctx, static_cast<std::int64_t>(words),
+                                 device::FingerprintWord{static_cast<const unsigned char*>(data), bytes, aligned},
+                                 finish);
 }
 inline void fingerprint(const KernelContext& ctx, const void* data, std::uint64_t bytes, unsigned long long* out) {
   reduce_fingerprint(ctx, data, bytes, device::StoreFingerprint{out});
