@@ -40,6 +40,8 @@ class GzReader {
  public:
   explicit GzReader(const std::filesystem::path& path) : path_(path.string()) {
     trainmem::require(std::filesystem::exists(path), "IDX file ", path_, ": does not exist");
+    // A directory opens as a stream whose first read fails: said here, not as "truncated".
+    trainmem::require(!std::filesystem::is_directory(path), "IDX file ", path_, ": is a directory, not a file");
     file_.open(path, std::ios::binary);
     trainmem::require(file_.is_open(), "IDX file ", path_, ": cannot be opened");
     refill();
@@ -95,6 +97,8 @@ class GzReader {
     file_.read(reinterpret_cast<char*>(buffer_.data()), static_cast<std::streamsize>(buffer_.size()));
     z_.next_in = buffer_.data();
     z_.avail_in = static_cast<uInt>(file_.gcount());
+    // A failed read (an I/O error, not the end of the file) must not pass for a short file.
+    trainmem::require(!file_.bad(), "IDX file ", path_, ": reading failed (an I/O error)");
     return z_.avail_in > 0;
   }
 

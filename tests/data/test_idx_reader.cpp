@@ -130,6 +130,17 @@ TEST_CASE("a missing file throws an Error naming it", "[data][bad-input]") {
                     Contains((dir.path() / "train-images-idx3-ubyte.gz").string()) && Contains("does not exist"));
 }
 
+TEST_CASE("a directory where an IDX file should be throws an Error saying it is a directory", "[data][bad-input]") {
+  TempDir dir;
+  const fs::path folder = dir.path() / "train-images-idx3-ubyte.gz";
+  fs::create_directories(folder);
+  // Before: "truncated while reading the magic number", as if a download had stopped early.
+  CHECK_THROWS_MATCHES(examples::read_idx(folder, 3), trainmem::Error,
+                       Catch::Matchers::Message("IDX file " + folder.string() + ": is a directory, not a file"));
+  CHECK_THROWS_WITH(examples::load_fashion_mnist(dir.path()),
+                    Contains(folder.string()) && Contains("is a directory") && !Contains("truncated"));
+}
+
 TEST_CASE("a wrong magic number throws an Error naming the file", "[data][bad-input]") {
   TempDir dir;
   const fs::path labels_as_images = dir.path() / "labels.gz";

@@ -117,11 +117,10 @@ TEST_CASE("save replaces the file by rename and leaves no temporary behind", "[s
   CHECK_THROWS_MATCHES(tmem::save(dir / "missing_dir" / "c.tmstate", first), tmem::Error,
                        ErrorContains("cannot create"));
   CHECK(tmem::load(path) == second);
-  // A rename that fails (the destination is a directory) names the rename's own error
-  // and removes the temporary file.
+  // A directory at the destination is refused before anything is written (no temporary).
   std::filesystem::create_directories(dir / "d.tmstate" / "inside");
   CHECK_THROWS_MATCHES(tmem::save(dir / "d.tmstate", first), tmem::Error,
-                       ErrorContains("failed: " + std::string(std::strerror(EISDIR))));
+                       ErrorContains("is a directory, not a regular file"));
   CHECK(std::filesystem::is_directory(dir / "d.tmstate" / "inside"));
   files = 0;
   for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator(dir)) ++files;

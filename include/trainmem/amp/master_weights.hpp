@@ -15,6 +15,7 @@
 // copies are the module's state, and the stochastic-rounding stream the optimizer's.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -130,12 +131,17 @@ class MasterWeights {
     for (std::size_t i = 0; i < params_.size(); ++i) out.set("masters." + unique_name(i, "state"), masters_[i]);
     return out;
   }
-  /// Throws (naming every difference) unless `state` fits these masters; changes nothing.
+  /// Throws (naming every difference, and the first NaN or infinite master value) unless
+  /// `state` fits these masters; changes nothing.
   void check_state(const StateDict& state) const {
     std::map<std::string, ExpectedEntry> expected{{"model_dtype", {StateType::I64, Shape{}}}};
     for (std::size_t i = 0; i < params_.size(); ++i)
       expected["masters." + unique_name(i, "load_state")] = {state_type_of(masters_[i].dtype()), masters_[i].shape()};
     check_layout(state, expected, "amp::MasterWeights::load_state");
+    for (std::size_t i = 0; i < params_.size(); ++i)
+      check_values(
+          state, "masters." + params_[i].name(), [](double v) { return std::isfinite(v); }, "finite (a master weight)",
+          "amp::MasterWeights::load_state");
     const std::int64_t dtype = state.get_i64("model_dtype");
     detail::check(dtype == static_cast<std::int64_t>(options_.model_dtype),
                   "amp::MasterWeights::load_state: the state's model copies are ",

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <string>
 #include <utility>
@@ -71,6 +72,32 @@ class AdamW : public Optimizer<B> {
     validate(from_map(options), "AdamW::load_state");
   }
   void check_options() const override { validate(options_, "AdamW::step"); }
+  /// v >= 0 (a mean of squares: sqrt(v_hat) of a negative one is NaN); beta^t in [0, 1]
+  /// (0: underflow after many steps); [1, 1] only while no step has been applied, when
+  /// the moments are still zero: every applied step multiplies both powers by a beta < 1.
+  void check_param_values(const StateDict& state, const std::string& p, std::int64_t) const override {
+    check_values(
+        state, p + "second_moment", [](double v) { return std::isfinite(v) && v >= 0; },
+        "finite and >= 0 (a second moment is a mean of squares)", "AdamW::load_state");
+    const std::string powers_name = p + "step_state";
+    check_values(
+        state, powers_name, [](double v) { return v >= 0 && v <= 1; },
+        "in [0, 1] (the bias-correction powers [beta1^t, beta2^t])", "AdamW::load_state");
+    if (!state.contains(powers_name)) return;
+    double powers[2];
+    std::memcpy(powers, state.at(powers_name).bytes.data(), sizeof powers);
+    if (powers[0] != 1.0 && powers[1] != 1.0) return;
+    detail::check(powers[0] == 1.0 && powers[1] == 1.0, "AdamW::load_state: '", powers_name, "' is [", powers[0], ", ",
+                  powers[1],
+                  "]: a power is 1 only before the first applied step, and then both are (each applied step "
+                  "multiplies both by a beta < 1); nothing was loaded");
+    const auto zero = [](double v) { return v == 0; };
+    const bool moments_zero = detail::scan_values(state.at(p + "first_moment"), zero).failing == 0 &&
+                              detail::scan_values(state.at(p + "second_moment"), zero).failing == 0;
+    detail::check(moments_zero, "AdamW::load_state: '", powers_name,
+                  "' is [1, 1] (no step applied yet) but the moments are not zero, and only an applied step "
+                  "writes them; nothing was loaded");
+  }
   void load_options_map(const std::map<std::string, double>& options) override {
     options_ = from_map(options);
     factor_step_ = -1;  // the cached [beta1, beta2] factor belongs to the old step count

@@ -21,6 +21,9 @@
 // `state()` / `load_state()` carry all of it across a restart, keyed by parameter name:
 // the moments, the device step state (bias corrections), the step counts, the
 // stochastic-rounding stream and the options. Masters are MasterWeights' state.
+// `load_state` checks the values too, before it changes anything: step counts in range,
+// finite moments, and each optimizer's own rules (check_param_values: AdamW's v >= 0 and
+// powers in [0, 1], SGD's whole count of applied steps).
 //
 // NOTE [All or nothing]
 // A step first checks every gradient and allocates every state it will need (first-use
@@ -222,8 +225,9 @@ class Optimizer {
     }
     return out;
   }
-  /// Throws (naming every missing or extra entry, shape and dtype) unless `state` fits
-  /// these parameters and holds valid options; modifies nothing.
+  /// Throws (naming every missing or extra entry, shape and dtype, and every value no run
+  /// can leave: step counts out of range, non-finite moments, the derived optimizer's
+  /// own rules) unless `state` fits these parameters and holds valid options; modifies nothing.
   void check_state(const StateDict& state) const {
     names_or_throw("load_state");
     std::map<std::string, ExpectedEntry> expected = {{"steps", {StateType::I64, Shape{}}},
@@ -249,6 +253,21 @@ class Optimizer {
       }
     }
     check_layout(state, expected, "optimizer::load_state");
+    // The values, as a run leaves them: counts in range, finite moments, and what the
+    // derived optimizer's states must hold (check_param_values).
+    const std::int64_t steps = state.get_i64("steps");
+    detail::check(steps >= 0, "optimizer::load_state: steps must be >= 0, got ", steps);
+    for (const auto& e : entries_) {
+      const std::string p = "params." + e.param.name() + ".";
+      const std::int64_t param_steps = state.get_i64(p + "steps");
+      detail::check(param_steps >= 0 && param_steps <= steps, "optimizer::load_state: '", p, "steps' is ", param_steps,
+                    "; a parameter's steps are in [0, steps = ", steps,
+                    "] (it counts the optimizer's steps that updated it); nothing was loaded");
+      const auto finite = [](double v) { return std::isfinite(v); };
+      for (const char* moment : moment_names())
+        check_values(state, p + moment, finite, "finite", "optimizer::load_state");
+      check_param_values(state, p, param_steps);
+    }
     detail::check(state.get_u64("copy_rounding.offset") % 4 == 0, "optimizer::load_state: copy_rounding.offset ",
                   state.get_u64("copy_rounding.offset"),
                   " is not a multiple of 4 (streams start at whole Philox blocks)");
@@ -256,7 +275,6 @@ class Optimizer {
     detail::check(mode == static_cast<std::int64_t>(RoundingMode::NearestEven) ||
                       mode == static_cast<std::int64_t>(RoundingMode::Stochastic),
                   "optimizer::load_state: copy_rounding.mode ", mode, " is not a rounding mode");
-    detail::check(state.get_i64("steps") >= 0, "optimizer::load_state: steps must be >= 0");
     check_options_map(options_from(state));
   }
   /// Restores a state() (after check_state: on error nothing changes). Moments absent
@@ -337,6 +355,9 @@ class Optimizer {
   /// Which of {first moment, second moment, step state} prepare() makes for a parameter.
   virtual std::array<bool, 3> kept_states() const = 0;
   virtual std::map<std::string, double> options_map() const = 0;
+  /// Throws unless the states under `prefix` ("params.<name>.") hold values a run of this
+  /// optimizer can reach, for a parameter stepped `steps` times (layout already checked).
+  virtual void check_param_values(const StateDict& state, const std::string& prefix, std::int64_t steps) const = 0;
   /// Throws unless `options` (the keys options_map writes) are valid; changes nothing.
   virtual void check_options_map(const std::map<std::string, double>& options) const = 0;
   /// Refuses the current options (options() hands them out to change between steps).

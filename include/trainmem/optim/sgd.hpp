@@ -70,6 +70,14 @@ class SGD : public Optimizer<B> {
     validate(from_map(options), "SGD::load_state");
   }
   void check_options() const override { validate(options_, "SGD::step"); }
+  /// The step state counts applied steps: a whole number, at most the steps launched.
+  void check_param_values(const StateDict& state, const std::string& p, std::int64_t steps) const override {
+    check_values(
+        state, p + "step_state",
+        [steps](double v) { return v >= 0 && v <= static_cast<double>(steps) && v == std::floor(v); },
+        detail::concat("a whole number of applied steps in [0, ", steps, "] (this parameter's steps)"),
+        "SGD::load_state");
+  }
   void load_options_map(const std::map<std::string, double>& options) override { options_ = from_map(options); }
 
   void update(ParamGroupEntry<B>& e, const Tensor<B>& target, const Tensor<B>& grad, double grad_scale,

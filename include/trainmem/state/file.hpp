@@ -9,12 +9,30 @@
 // the destination and fsyncs the directory: a crash at any point leaves either the old
 // file or the complete new one, never a torn one. `load` checks the magic, the version,
 // the length and the checksum before it parses anything, and says which failed.
+//
+// NOTE [What save does around the destination]
+// - A symbolic link is followed (a chain too, relative targets from the link's folder)
+//   and the file it leads to is replaced, in that file's folder; the link stays as it was.
+// - Only a regular file (or nothing) is replaced: a directory, device node, FIFO or
+//   socket at the destination is an Error naming the path and its type.
+// - The temporary is "<destination>.tmp.<pid>.<n>", locked (flock) while its writer
+//   lives. Each save first removes the temporaries of that destination nobody holds
+//   locked (writers that died, e.g. by SIGKILL): a live writer's lock keeps its file,
+//   whatever host or pid namespace it runs in (flock reaches NFS as a POSIX lock). An
+//   empty unlocked one is removed only when older than kEmptyTemporaryGraceSeconds:
+//   its writer may be between creating and locking it.
+// - A file-size limit (RLIMIT_FSIZE, `ulimit -f`) below the file's size is an Error,
+//   "File too large", before anything is written. The kernel sends SIGXFSZ (which kills
+//   by default) only for a write that starts at or past the limit, and save knows the
+//   whole size first, so a save that fits never meets the signal; no signal disposition
+//   or mask is touched. (Only a limit lowered by another thread during a save escapes this.)
 #pragma once
 
 #include <atomic>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -22,6 +40,9 @@
 #include <vector>
 
 #include <fcntl.h>
+#include <sys/file.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "trainmem/error.hpp"
@@ -83,14 +104,14 @@ inline void write_all(int fd, const void* data, std::size_t size, const std::str
   }
 }
 
-/// Closes a file descriptor and removes the temporary file unless released.
+/// Removes the temporary file unless released, then closes it (releasing its lock).
 struct TempFile {
   int fd = -1;
   std::string path;
   bool keep = false;
   ~TempFile() {
-    if (fd >= 0) ::close(fd);
     if (!keep && !path.empty()) ::unlink(path.c_str());
+    if (fd >= 0) ::close(fd);
   }
 };
 
@@ -99,9 +120,105 @@ inline std::string temp_name_for(const std::filesystem::path& path) {
   return path.string() + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
 }
 
+/// Whether `name` is `prefix` followed by "<digits>.<digits>" (a temp_name_for name).
+inline bool is_temp_name(const std::string& name, const std::string& prefix) {
+  if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) return false;
+  std::size_t dots = 0, digits = 0;
+  for (std::size_t i = prefix.size(); i < name.size(); ++i) {
+    if (name[i] == '.') {
+      if (digits == 0 || ++dots > 1) return false;
+      digits = 0;
+    } else if (name[i] >= '0' && name[i] <= '9') {
+      ++digits;
+    } else {
+      return false;
+    }
+  }
+  return dots == 1 && digits > 0;
+}
+
+/// How long an empty, unlocked temporary is left alone (its writer may not have locked it yet).
+inline constexpr std::time_t kEmptyTemporaryGraceSeconds = 600;
+
+/// Removes the temporaries of `target` that no live writer holds locked (NOTE [What save
+/// does around the destination]). Best effort: what cannot be read or removed is left.
+inline void remove_stale_temporaries(const std::filesystem::path& target) {
+  std::filesystem::path directory = target.parent_path();
+  if (directory.empty()) directory = ".";
+  const std::string prefix = target.filename().string() + ".tmp.";
+  std::error_code error;
+  for (std::filesystem::directory_iterator it(directory, error), end; !error && it != end; it.increment(error)) {
+    const std::string name = it->path().filename().string();
+    if (!is_temp_name(name, prefix)) continue;
+    const std::string candidate = it->path().string();
+    const int fd = ::open(candidate.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd < 0) continue;
+    struct stat held {};
+    // Locked by us now, the file cannot gain a writer: its size and age say whether it is stale.
+    if (::flock(fd, LOCK_EX | LOCK_NB) == 0 && ::fstat(fd, &held) == 0 && S_ISREG(held.st_mode) &&
+        (held.st_size > 0 || held.st_mtime < std::time(nullptr) - kEmptyTemporaryGraceSeconds)) {
+      // Removed only while the name still is this file (a writer may have renamed it into place).
+      struct stat named {};
+      if (::lstat(candidate.c_str(), &named) == 0 && named.st_ino == held.st_ino && named.st_dev == held.st_dev)
+        ::unlink(candidate.c_str());
+    }
+    ::close(fd);
+  }
+}
+
+/// A stat file type in words ("a directory", "a FIFO", ...).
+inline const char* file_type_name(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISLNK(mode)) return "a symbolic link";
+  return "not a regular file";
+}
+
+/// The file a save to `path` replaces: `path` with every symbolic link of its last
+/// component followed (a relative target is taken from the link's folder). It need not
+/// exist; when it does, it must be a regular file.
+inline std::filesystem::path save_target(const std::filesystem::path& path) {
+  // The kernel's own limit on links followed in one lookup (MAXSYMLINKS).
+  constexpr int kMaxLinks = 40;
+  std::filesystem::path target = path;
+  for (int links = 0;; ++links) {
+    struct stat st {};
+    // Not there (or not reachable): creating the temporary next to it says why, if anything is wrong.
+    if (::lstat(target.c_str(), &st) != 0) return target;
+    if (S_ISREG(st.st_mode)) return target;
+    const std::string leads = target == path ? std::string() : detail::concat(" (where '", path.string(), "' leads)");
+    detail::check(S_ISLNK(st.st_mode), "trainmem::save: '", target.string(), "'", leads, " is ",
+                  file_type_name(st.st_mode),
+                  ", not a regular file; save replaces only regular files (nothing was written)");
+    detail::check(links < kMaxLinks, "trainmem::save: cannot follow '", path.string(), "': ", std::strerror(ELOOP),
+                  " (more than ", kMaxLinks, " links)");
+    std::error_code error;
+    const std::filesystem::path next = std::filesystem::read_symlink(target, error);
+    detail::check(!error, "trainmem::save: cannot read the link '", target.string(), "': ", error.message());
+    target = next.is_absolute() ? next : target.parent_path() / next;
+  }
+}
+
+/// Throws "File too large" when the file-size limit (RLIMIT_FSIZE) is below `bytes`: a
+/// write past it would raise SIGXFSZ, whose default action kills the process.
+inline void check_file_size_limit(std::uint64_t bytes, const std::filesystem::path& target) {
+  struct rlimit limit {};
+  if (::getrlimit(RLIMIT_FSIZE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return;
+  detail::check(bytes <= static_cast<std::uint64_t>(limit.rlim_cur), "trainmem::save: cannot write '", target.string(),
+                "': ", std::strerror(EFBIG), " (the file is ", bytes,
+                " bytes; this process may write files of at most ", static_cast<std::uint64_t>(limit.rlim_cur),
+                " bytes: RLIMIT_FSIZE, ulimit -f); nothing was written");
+}
+
 }  // namespace detail
 
-/// \brief Writes `state` to `path` atomically (temporary file, fsync, rename, fsync of the directory).
+/// \brief Writes `state` to `path` atomically (temporary file, fsync, rename, fsync of the
+/// directory). Follows symbolic links to the file they lead to; refuses anything but a
+/// regular file there; removes dead writers' temporaries; a file-size limit is an Error
+/// (NOTE [What save does around the destination]).
 inline void save(const std::filesystem::path& path, const StateDict& state) {
   std::vector<std::byte> body;
   for (const auto& [name, e] : state) {
@@ -128,29 +245,35 @@ inline void save(const std::filesystem::path& path, const StateDict& state) {
   detail::put_le<std::uint32_t>(header, crc.value());
   detail::put_le<std::uint32_t>(header, 0);
 
-  std::filesystem::path directory = path.parent_path();
+  const std::filesystem::path target = detail::save_target(path);
+  detail::check_file_size_limit(header.size() + body.size(), target);
+  detail::remove_stale_temporaries(target);
+  std::filesystem::path directory = target.parent_path();
   if (directory.empty()) directory = ".";
   detail::TempFile temp;
-  temp.path = detail::temp_name_for(path);
+  temp.path = detail::temp_name_for(target);
   // Each call's errno is read right after it, never as an argument next to the call
   // (argument order is unspecified).
   temp.fd = ::open(temp.path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   const int open_error = errno;
   detail::check(temp.fd >= 0, "trainmem::save: cannot create '", temp.path, "': ", std::strerror(open_error));
+  // Held until the rename is done: a file locked by a live writer is never taken for a
+  // dead one's. A file system without locks leaves it unlocked, and then no save removes it.
+  while (::flock(temp.fd, LOCK_EX) != 0 && errno == EINTR) {
+  }
   detail::write_all(temp.fd, header.data(), header.size(), temp.path);
   detail::write_all(temp.fd, body.data(), body.size(), temp.path);
   const int synced = ::fsync(temp.fd);
   const int sync_error = errno;
   detail::check(synced == 0, "trainmem::save: fsync of '", temp.path, "' failed: ", std::strerror(sync_error));
-  const int closed = ::close(temp.fd);
-  const int close_error = errno;
-  temp.fd = -1;
-  detail::check(closed == 0, "trainmem::save: closing '", temp.path, "' failed: ", std::strerror(close_error));
-  const int renamed = ::rename(temp.path.c_str(), path.c_str());
+  const int renamed = ::rename(temp.path.c_str(), target.c_str());
   const int rename_error = errno;
-  detail::check(renamed == 0, "trainmem::save: renaming '", temp.path, "' to '", path.string(),
+  detail::check(renamed == 0, "trainmem::save: renaming '", temp.path, "' to '", target.string(),
                 "' failed: ", std::strerror(rename_error));
   temp.keep = true;
+  // The data is on disk (fsync succeeded), so closing cannot lose it; the close releases the lock.
+  ::close(temp.fd);
+  temp.fd = -1;
   // The rename is durable once the directory entry is: fsync the directory (best effort:
   // some file systems refuse to open a directory for it).
   const int dir = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);

@@ -6,7 +6,8 @@
 // settings f64. Objects make one with `state()` and restore from one with
 // `load_state()`, which first checks the whole dict against what the object holds
 // (`check_layout` names every missing or extra entry and every shape or type that
-// differs) and only then copies, so a failed load leaves the destination untouched.
+// differs; `check_values` refuses values no run writes, such as a NaN master or a negative
+// second moment), and only then copies, so a failed load leaves the destination untouched.
 // `insert(prefix, dict)` and `sub(prefix)` nest dicts: an object's entries appear
 // under its name in a training state, and the entry "" of a dict is the prefix itself.
 #pragma once
@@ -189,7 +190,48 @@ namespace detail {
 
 inline std::string state_entry_label(const std::string& name) { return name.empty() ? "(the value itself)" : name; }
 
+/// What scan_values found: how many values failed, and the first of them.
+struct ValueScan {
+  std::int64_t failing = 0;
+  std::int64_t first = -1;
+  double first_value = 0;
+};
+/// Runs `ok` over every value of a floating-point entry, widened to f64 (other types: nothing fails).
+template <class Ok>
+ValueScan scan_values(const StateEntry& entry, Ok ok) {
+  ValueScan scan;
+  if (!is_tensor_type(entry.type) || !is_floating(static_cast<DType>(entry.type))) return scan;
+  visit_floating(static_cast<DType>(entry.type), "scan_values", [&]<class T>() {
+    for (std::int64_t i = 0; i < entry.shape.numel(); ++i) {
+      T stored;
+      std::memcpy(&stored, entry.bytes.data() + static_cast<std::size_t>(i) * sizeof(T), sizeof(T));
+      const auto value = static_cast<double>(widen(stored));
+      if (ok(value)) continue;
+      if (scan.failing++ == 0) {
+        scan.first = i;
+        scan.first_value = value;
+      }
+    }
+  });
+  return scan;
+}
 }  // namespace detail
+
+/// \brief Throws from `who` unless every value of the floating-point entry `name` passes
+/// `ok` (called with the value widened to f64); the message names the entry, how many
+/// values fail, the first of them (element and value) and `expected`. Objects call it
+/// after check_layout, before anything is copied: a value no run writes (a NaN master, a
+/// negative second moment) is refused like a wrong shape. An absent entry passes.
+template <class Ok>
+void check_values(const StateDict& state, const std::string& name, Ok ok, std::string_view expected,
+                  std::string_view who) {
+  if (!state.contains(name)) return;
+  const detail::ValueScan scan = detail::scan_values(state.at(name), ok);
+  if (scan.failing == 0) return;
+  throw Error(detail::concat(who, ": '", detail::state_entry_label(name), "' holds ", scan.failing,
+                             scan.failing == 1 ? " value that is not " : " values that are not ", expected,
+                             ": element ", scan.first, " is ", scan.first_value, "; nothing was loaded"));
+}
 
 /// \brief Checks that `state` holds exactly the `expected` entries (names, types, shapes);
 /// throws one Error from `who` that lists every difference (the first 12, then a count).
