@@ -177,6 +177,40 @@ double step(Run& run, bool record) {
   return ms;
 }
 
+/// Where one bf16 plain step's time goes, op by op (OpTimes: CUDA events around every op's
+/// forward and backward, and around the optimizer's update), after two warm-up steps.
+std::vector<tmem::OpTimeRow> op_profile(const Config& c, const std::vector<float>& x) {
+  Gpu& gpu = Gpu::default_instance();
+  auto run = make_run(c, tmem::DType::BF16, Schedule::Plain, x);
+  for (int w = 0; w < 2; ++w) step(*run, false);
+  gpu.synchronize();
+  tmem::OpTimes<Gpu> times(gpu);
+  {
+    tmem::Tape<Gpu> tape(gpu);
+    tape.manual_seed(7);
+    Var input = tape.input(run->input);
+    Var loss = run->train->forward([&] { return tmem::mean(run_blocks(run->schedule, tape, run->blocks, input)); });
+    run->train->backward(loss);
+    tmem::OpTimes<Gpu>::Scope update("optimizer update (not an op)", false);
+    run->train->update();
+  }
+  times.stop();
+  auto rows = times.table();
+  gpu.synchronize();
+  return rows;
+}
+
+/// `text` with the characters JSON strings cannot hold as they are escaped.
+std::string json_escaped(const std::string& text) {
+  std::string out;
+  for (char ch : text) {
+    if (ch == '"' || ch == '\\') out += '\\';
+    if (static_cast<unsigned char>(ch) < 0x20) ch = ' ';
+    out += ch;
+  }
+  return out;
+}
+
 double gib(std::int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0); }
 
 /// The fused causal attention op alone, forward and backward, on one block's q, k and v
@@ -270,6 +304,10 @@ int main(int argc, char** argv) {
     const double bf16_plain = benchmarks::median(find(tmem::DType::BF16, Schedule::Plain).step_ms);
     const double f32_attention = attention_ms(c, tmem::DType::F32, engine);
     const double bf16_attention = attention_ms(c, tmem::DType::BF16, engine);
+    const tmem::cuda::AttentionPaths& paths = gpu.attention_paths();
+    const std::vector<tmem::OpTimeRow> profile = op_profile(c, x);
+    double profiled_ms = 0.0;
+    for (const auto& row : profile) profiled_ms += row.total_ms();
     if (!c.json_path.empty()) {
       std::ofstream out(c.json_path);
       out << "{\n  \"benchmark\": \"cuda_train_step\",\n  \"device\": \"" << props.name << "\",\n  \"config\": {"
@@ -279,7 +317,17 @@ int main(int argc, char** argv) {
           << "},\n  \"first_steps_consistent\": " << (consistent ? "true" : "false")
           << ",\n  \"bf16_speedup_over_f32\": " << f32_plain / bf16_plain
           << ",\n  \"attention_fwd_bwd_ms_per_block\": {\"f32\": " << f32_attention << ", \"bf16\": " << bf16_attention
-          << "},\n  \"runs\": [\n";
+          << "},\n  \"attention_paths\": {\"cudnn_forward\": " << paths.cudnn_forward
+          << ", \"cudnn_backward\": " << paths.cudnn_backward << ", \"kernel_forward\": " << paths.kernel_forward
+          << ", \"kernel_backward\": " << paths.kernel_backward << ", \"cudnn_status\": \""
+          << json_escaped(paths.cudnn_status) << "\"}"
+          << ",\n  \"op_profile_bf16_plain\": [";
+      for (std::size_t i = 0; i < profile.size(); ++i)
+        out << (i ? ", " : "") << "{\"op\": \"" << json_escaped(profile[i].op)
+            << "\", \"forward_ms\": " << profile[i].forward_ms << ", \"backward_ms\": " << profile[i].backward_ms
+            << ", \"forward_calls\": " << profile[i].forward_calls
+            << ", \"backward_calls\": " << profile[i].backward_calls << "}";
+      out << "],\n  \"runs\": [\n";
       for (std::size_t i = 0; i < runs.size(); ++i) {
         const Run& r = *runs[i];
         const double plain = benchmarks::median(find(r.precision, Schedule::Plain).step_ms);
@@ -321,6 +369,20 @@ int main(int argc, char** argv) {
         f32_attention, bf16_attention, static_cast<long long>(c.layers),
         100.0 * f32_attention * static_cast<double>(c.layers) / f32_plain,
         100.0 * bf16_attention * static_cast<double>(c.layers) / bf16_plain);
+    std::printf(
+        "attention paths (every call of this run): cuDNN forward %llu, backward %llu; own kernels forward %llu, "
+        "backward %llu; %s\n",
+        static_cast<unsigned long long>(paths.cudnn_forward), static_cast<unsigned long long>(paths.cudnn_backward),
+        static_cast<unsigned long long>(paths.kernel_forward), static_cast<unsigned long long>(paths.kernel_backward),
+        paths.cudnn_status.c_str());
+    std::printf("one bf16 plain step by op (events around each op; %.2f ms in all, with the marks' cost):\n",
+                profiled_ms);
+    std::printf("  %-32s %9s %9s %7s %6s\n", "op", "fwd ms", "bwd ms", "share", "calls");
+    for (const auto& row : profile)
+      std::printf("  %-32s %9.3f %9.3f %6.1f%% %6lld\n", row.op.c_str(), row.forward_ms, row.backward_ms,
+                  100.0 * row.total_ms() / profiled_ms, static_cast<long long>(row.forward_calls + row.backward_calls));
+    std::printf("target bf16 attention forward + backward per block <= 0.6 ms: %s (%.3f ms)\n",
+                bf16_attention <= 0.6 ? "met" : "NOT met", bf16_attention);
     return consistent ? 0 : 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "cuda_train_step: %s\n", e.what());

@@ -16,6 +16,7 @@
 #include "trainmem/backend/cpu/threads.hpp"
 
 #include "trainmem/autograd/grad_mode.hpp"
+#include "trainmem/autograd/op_times.hpp"
 #include "trainmem/autograd/parameter_list.hpp"
 #include "trainmem/autograd/tape.hpp"
 

@@ -12,8 +12,10 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string_view>
 
 #include "trainmem/autograd/op_identity.hpp"
+#include "trainmem/autograd/op_times.hpp"
 #include "trainmem/core/small_vector.hpp"
 #include "trainmem/core/tensor.hpp"
 
@@ -66,7 +68,10 @@ template <class B, class F>
 struct NodeWith final : Node<B> {
   template <class G>
   explicit NodeWith(G&& fn) : backward_fn(std::in_place, std::forward<G>(fn)) {}
-  Grads<B> backward(const Grads<B>& g) override { return (*backward_fn)(g); }
+  Grads<B> backward(const Grads<B>& g) override {
+    typename OpTimes<B>::Scope timing(this->op != nullptr ? this->op->name : std::string_view("?"), true);
+    return (*backward_fn)(g);
+  }
   void release() override {
     backward_fn.reset();
     this->released = true;

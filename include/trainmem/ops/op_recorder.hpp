@@ -197,7 +197,8 @@ class OpRecorder {
   }
 
   const OpInfo& op_;
-  SmallVector<const Var<B>*, 4> inputs_;  // the caller's Vars
+  typename OpTimes<B>::Scope timing_{op_.name, false};  // the forward, entry to return, under an OpTimes
+  SmallVector<const Var<B>*, 4> inputs_;                // the caller's Vars
   double flops_;
   SmallVector<std::optional<Tensor<B>>, 4> cast_;  // input i cast to the compute dtype (sized at the first cast)
   Tape<B>* tape_ = nullptr;

@@ -9,6 +9,7 @@
 // their weights the same way), which is what a user switching backends sees.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <optional>
 #include <string>
 #include <vector>
@@ -332,6 +333,15 @@ TEST_CASE("cuda ops: transpose, head split and merge, causal mask", "[cuda][ops]
 
 TEST_CASE("cuda ops: fused attention, causal and not, square and tq < tk", "[cuda][ops][attention]") {
   TRAINMEM_REQUIRE_CUDA_DEVICE();
+  // The own kernels (kernels/attention.cuh) in every dtype; the cuDNN path has its own case.
+  Gpu& gpu = Gpu::default_instance();
+  const bool cudnn = gpu.cudnn_attention();
+  gpu.set_cudnn_attention(false);
+  struct Restore {
+    Gpu& gpu;
+    bool cudnn;
+    ~Restore() { gpu.set_cudnn_attention(cudnn); }
+  } restore{gpu, cudnn};
   Inputs random;
   INFO("seed " << random.seed());
   for (bool causal : {true, false})
@@ -350,6 +360,74 @@ TEST_CASE("cuda ops: fused attention, causal and not, square and tq < tk", "[cud
   check_op("attention over tiles, causal, 70 queries on 200 keys",
            {input(random, Shape{2, 70, 40}), input(random, Shape{2, 200, 40}), input(random, Shape{2, 200, 40})},
            [](auto&, auto& v) { return tmem::scaled_dot_product_attention(v[0], v[1], v[2], true); });
+}
+
+// With the cuDNN frontend built in (trainmem::cudnn) and libcudnn on the loader's path,
+// 16-bit attention runs cuDNN's fused SDPA; gpu-check sets TRAINMEM_REQUIRE_CUDNN=1 so a
+// machine where it does not load fails here instead of quietly timing the own kernels.
+// Tensor Cores multiply the probabilities (and, backward, dS) rounded to the 16-bit dtype,
+// as FlashAttention-2 does, so the error is bounded relative to the same graph on the
+// inputs' magnitudes (the bound of a rounded sum of products), not to an output that
+// cancels over hundreds of keys.
+TEST_CASE("cuda ops: 16-bit attention at head dims 64 and 128 on the fast path, against the CPU in F64",
+          "[cuda][ops][attention][cudnn]") {
+  TRAINMEM_REQUIRE_CUDA_DEVICE();
+  Gpu& gpu = Gpu::default_instance();
+  const tmem::cuda::AttentionPaths before = gpu.attention_paths();
+  Inputs random;
+  INFO("seed " << random.seed());
+  for (std::int64_t d : {64, 128})
+    for (bool causal : {true, false}) {
+      const Shape shape{4, 200, d};
+      check_op(
+          "attention d=" + std::to_string(d) + (causal ? ", causal" : ""),
+          {input(random, shape), input(random, shape), input(random, shape)},
+          [causal](auto&, auto& v) { return tmem::scaled_dot_product_attention(v[0], v[1], v[2], causal); },
+          {DType::BF16, DType::F16}, 1.0, ErrorScale::Magnitudes);
+    }
+  check_op(
+      "attention d=64, causal, 96 queries on 256 keys",
+      {input(random, Shape{3, 96, 64}), input(random, Shape{3, 256, 64}), input(random, Shape{3, 256, 64})},
+      [](auto&, auto& v) { return tmem::scaled_dot_product_attention(v[0], v[1], v[2], true); },
+      {DType::BF16, DType::F16}, 1.0, ErrorScale::Magnitudes);
+  const tmem::cuda::AttentionPaths& after = gpu.attention_paths();
+  INFO("attention paths: " << after.cudnn_status);
+  const bool required = std::getenv("TRAINMEM_REQUIRE_CUDNN") != nullptr;
+  if (after.cudnn_forward == before.cudnn_forward && !required) {
+    WARN("cuDNN did not run (" << after.cudnn_status << "): the own kernels were checked");
+    return;
+  }
+  CHECK(after.cudnn_forward - before.cudnn_forward == 10);  // 5 shapes x 2 dtypes
+  CHECK(after.cudnn_backward - before.cudnn_backward == 10);
+}
+
+TEST_CASE("cuda ops: 16-bit attention gives the same bits on every run", "[cuda][ops][attention][cudnn]") {
+  TRAINMEM_REQUIRE_CUDA_DEVICE();
+  Gpu& gpu = Gpu::default_instance();
+  Inputs random;
+  INFO("seed " << random.seed() << "; attention paths: " << gpu.attention_paths().cudnn_status);
+  const Shape shape{8, 512, 64};
+  std::vector<std::vector<double>> qkv{random.uniform(shape.numel()), random.uniform(shape.numel()),
+                                       random.uniform(shape.numel())};
+  const auto dout = random.uniform(shape.numel());
+  for (DType dtype : {DType::BF16, DType::F16}) {
+    INFO("dtype " << dtype_name(dtype));
+    auto run = [&] {
+      tmem::Tape<Gpu> tape(gpu);
+      std::vector<tmem::Var<Gpu>> v;
+      for (const auto& values : qkv) v.push_back(tape.input(tmem::Tensor<Gpu>::from_host(shape, values, dtype), true));
+      auto out = tmem::scaled_dot_product_attention(v[0], v[1], v[2], true);
+      tape.backward(out, tmem::Tensor<Gpu>::from_host(shape, dout, dtype));
+      std::vector<std::vector<double>> bits{out.value().to_host<double>()};
+      for (auto& x : v) bits.push_back(x.grad().to_host<double>());
+      return bits;
+    };
+    const auto first = run(), second = run();
+    for (std::size_t i = 0; i < first.size(); ++i) {
+      INFO((i == 0 ? std::string("output") : "gradient " + std::to_string(i - 1)));
+      CHECK(first[i] == second[i]);  // 16-bit values widened exactly: equal doubles are equal bits
+    }
+  }
 }
 
 TEST_CASE("cuda ops: sum, mean and embedding", "[cuda][ops]") {

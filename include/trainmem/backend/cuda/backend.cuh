@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "trainmem/backend/cuda/allocator.cuh"
+#include "trainmem/backend/cuda/cudnn_attention.cuh"
 #include "trainmem/backend/cuda/error.cuh"
 #include "trainmem/backend/cuda/fingerprint_checks.cuh"
 #include "trainmem/backend/cuda/fused_update.cuh"
@@ -93,6 +94,29 @@ class Backend : public FusedUpdate<Backend> {
   /// Host waits for this backend's streams so far (NOTE [Checks without a host wait]);
   /// a steady-state training step adds none.
   std::uint64_t host_syncs() const { return allocator_.host_syncs(); }
+  /// A CUDA event recorded on the stream now, and the milliseconds between two of them
+  /// (waiting for the later one): the device timer OpTimes reads (HasDeviceTimer).
+  using TimerMark = std::shared_ptr<CUevent_st>;
+  TimerMark timer_mark() {
+    runtime::make_current(device_);
+    cudaEvent_t event = nullptr;
+    TRAINMEM_CUDA_CHECK(cudaEventCreate(&event));
+    TimerMark mark(event, [](cudaEvent_t e) { cudaEventDestroy(e); });
+    TRAINMEM_CUDA_CHECK(cudaEventRecord(event, stream()));
+    return mark;
+  }
+  double elapsed_ms(const TimerMark& begin, const TimerMark& end) {
+    TRAINMEM_CUDA_CHECK(cudaEventSynchronize(end.get()));
+    float ms = 0.0f;
+    TRAINMEM_CUDA_CHECK(cudaEventElapsedTime(&ms, begin.get(), end.get()));
+    return ms;
+  }
+  /// Which attention path each call took so far, and why cuDNN did not run where it did not.
+  const AttentionPaths& attention_paths() const { return attention_paths_; }
+  /// Whether 16-bit attention may take cuDNN (on by default; TRAINMEM_CUDNN=off turns it off
+  /// for the process). Off, every call runs the own kernels: for comparing the two paths.
+  void set_cudnn_attention(bool allowed) { use_cudnn_attention_ = allowed; }
+  bool cudnn_attention() const { return use_cudnn_attention_; }
 
   // --- storage --------------------------------------------------------------------
   void* allocate(std::size_t bytes, MemCategory category) {
@@ -312,9 +336,16 @@ class Backend : public FusedUpdate<Backend> {
                            fill);
     });
   }
-  /// Fused attention (kernels/attention.cuh); lse and delta in the accumulator dtype.
+  /// Fused attention: cuDNN's SDPA on Tensor Cores for F16/BF16 where it was found and takes
+  /// the shape (cudnn_attention.cuh), else kernels/attention.cuh; lse and delta in the
+  /// accumulator dtype. attention_paths() counts which ran.
   void attention(const TensorT& q, const TensorT& k, const TensorT& v, const TensorT& out, const TensorT& lse,
                  const AttentionSizes& sizes) {
+    if (use_cudnn_attention_ && is_16bit(q.dtype()) &&
+        cudnn_attention_.forward(context(), q.dtype(), q.data(), k.data(), v.data(), out.data(), lse.data_as<float>(),
+                                 sizes, attention_paths_))
+      return;
+    ++attention_paths_.kernel_forward;
     visit_floating(q.dtype(), "attention", [&]<class T>() {
       kernels::attention(context(), q.data_as<const T>(), k.data_as<const T>(), v.data_as<const T>(), out.data_as<T>(),
                          lse.data_as<AccumulatorOf<T>>(), sizes);
@@ -323,6 +354,11 @@ class Backend : public FusedUpdate<Backend> {
   void attention_backward(const TensorT& q, const TensorT& k, const TensorT& v, const TensorT& lse, const TensorT& dout,
                           const TensorT& dq, const TensorT& dk, const TensorT& dv, const TensorT& delta,
                           const AttentionSizes& sizes) {
+    if (use_cudnn_attention_ && is_16bit(q.dtype()) &&
+        cudnn_attention_.backward(context(), q.dtype(), q.data(), k.data(), v.data(), dout.data(), dq.data(), dk.data(),
+                                  dv.data(), sizes, attention_paths_))
+      return;
+    ++attention_paths_.kernel_backward;
     visit_floating(q.dtype(), "attention_backward", [&]<class T>() {
       using Acc = AccumulatorOf<T>;
       kernels::attention_backward(context(), q.data_as<const T>(), k.data_as<const T>(), v.data_as<const T>(),
@@ -412,6 +448,9 @@ class Backend : public FusedUpdate<Backend> {
   runtime::FingerprintChecks fingerprint_checks_;
   kernels::GemmEngine gemm_;
   runtime::OffloadEngine offload_;
+  CudnnAttention cudnn_attention_;  // cuDNN is opened at the first 16-bit attention call
+  AttentionPaths attention_paths_;
+  bool use_cudnn_attention_ = true;
 };
 
 static_assert(trainmem::Backend<Backend> && HasGemmBias<Backend> && HasOffload<Backend>,
