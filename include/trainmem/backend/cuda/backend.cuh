@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "trainmem/backend/cuda/allocator.cuh"
+#include "trainmem/backend/cuda/copy_overflow_checks.cuh"
 #include "trainmem/backend/cuda/error.cuh"
 #include "trainmem/backend/cuda/fingerprint_checks.cuh"
 #include "trainmem/backend/cuda/fused_update.cuh"
@@ -62,6 +63,7 @@ class Backend : public FusedUpdate<Backend> {
         allocator_(stats_, device, stream_.get()),
         index_checks_(),
         fingerprint_checks_(),
+        copy_overflow_checks_(),
         gemm_(context()),
         offload_(allocator_, stream_.get()) {}
   ~Backend() {
@@ -125,9 +127,11 @@ class Backend : public FusedUpdate<Backend> {
     TRAINMEM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream()));
     index_checks_.queue_read(stream());
     fingerprint_checks_.queue_read(stream());
+    copy_overflow_checks_.queue_read(stream());
     allocator_.synchronize(stream());
     index_checks_.raise(stream());
     fingerprint_checks_.raise(stream());
+    copy_overflow_checks_.raise(stream());
   }
   /// Device to device, queued; overlapping ranges go through a scratch buffer (memmove semantics).
   void copy(void* dst, const void* src, std::size_t bytes) {
@@ -162,11 +166,13 @@ class Backend : public FusedUpdate<Backend> {
     runtime::make_current(device_);
     index_checks_.queue_read(stream());
     fingerprint_checks_.queue_read(stream());
+    copy_overflow_checks_.queue_read(stream());
     allocator_.synchronize(stream());
     offload_.synchronize();
     allocator_.check_deferred();
     index_checks_.raise(stream());
     fingerprint_checks_.raise(stream());
+    copy_overflow_checks_.raise(stream());
   }
 
   // --- kernels ---------------------------------------------------------------------
@@ -410,6 +416,7 @@ class Backend : public FusedUpdate<Backend> {
   Allocator allocator_;
   runtime::IndexChecks index_checks_;
   runtime::FingerprintChecks fingerprint_checks_;
+  runtime::CopyOverflowChecks copy_overflow_checks_;
   kernels::GemmEngine gemm_;
   runtime::OffloadEngine offload_;
 };

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -117,8 +118,24 @@ void apply_update(Update update, TP* param, const TG* grad, TP* first_moment, TP
   }
 }
 
+/// Adds to `overflowed` the elements of values[0, m) that are finite while their copy is
+/// inf: a model copy the update made overflow (NOTE [Model copies that overflow] in
+/// core/copy_overflow.hpp). One compare per element, after the block's copy is written.
+template <class TC, class TP>
+void count_overflowed(const TC* copy, const TP* values, std::int64_t m, std::atomic<std::int64_t>* overflowed) {
+  if (overflowed == nullptr) return;
+  std::int64_t n = 0;
+#pragma omp simd reduction(+ : n)
+  for (std::int64_t i = 0; i < m; ++i) {
+    const float c = static_cast<float>(detail::widen(copy[i]));
+    const TP v = values[i];
+    n += (c - c != 0.0f && v - v == TP(0)) ? 1 : 0;  // x - x is 0 for finite x, NaN for inf and NaN
+  }
+  if (n != 0) overflowed->fetch_add(n, std::memory_order_relaxed);
+}
+
 /// Model-copy writers for apply_update: store(s, values, m) writes copy[s, s + m) from the
-/// block's updated values.
+/// block's updated values, and counts the elements it made overflow into `overflowed`.
 struct NoCopy {
   template <class TP>
   void store(std::int64_t, const TP*, std::int64_t) const {}
@@ -126,6 +143,7 @@ struct NoCopy {
 template <class TC>
 struct NearestCopy {
   TC* copy;
+  std::atomic<std::int64_t>* overflowed = nullptr;  // null: not counted
   template <class TP>
   void store(std::int64_t s, const TP* values, std::int64_t m) const {
     if constexpr (std::is_same_v<TP, float>) {
@@ -133,18 +151,21 @@ struct NearestCopy {
     } else {
       for (std::int64_t i = 0; i < m; ++i) copy[s + i] = detail::narrow<TC>(values[i]);
     }
+    count_overflowed(copy + s, values, m, overflowed);
   }
 };
 /// Rounds element i with draw i of `rng`, so the result does not depend on how the loop is split.
 struct StochasticBf16Copy {
   BFloat16* copy;
   RngState rng;
+  std::atomic<std::int64_t>* overflowed = nullptr;  // null: not counted
   template <class TP>
   void store(std::int64_t s, const TP* values, std::int64_t m) const {
     for (std::int64_t i = 0; i < m; ++i) {
       const auto at = static_cast<std::uint64_t>(s + i);
       copy[s + i] = bf16_round_stochastic(static_cast<float>(values[i]), detail::random_bits(rng, at));
     }
+    count_overflowed(copy + s, values, m, overflowed);
   }
 };
 
