@@ -11,6 +11,7 @@
 
 #include <trainmem/amp/grad_scaler.hpp>
 #include <trainmem/amp/master_weights.hpp>
+#include <trainmem/amp/train_step.hpp>
 #include <trainmem/optim/adamw.hpp>
 #include <trainmem/optim/sgd.hpp>
 #include <trainmem/trainmem.hpp>
@@ -87,6 +88,16 @@ TEST_CASE("a copy overflow is found in every update pass: AdamW, bf16, under a l
     CHECK_THROWS_MATCHES(sgd.step(), tmem::Error,
                          tmem::testing::ErrorContains("'w': 1 of 2 elements of its bf16 copy overflowed to inf"));
   }
+  SECTION("bf16 with stochastic rounding: f32's largest rounds up to inf with probability 1 - 2^-16") {
+    const double w0 = static_cast<double>(3.0e38f), top = static_cast<double>(std::numeric_limits<float>::max());
+    auto w = overflow_parameter(std::vector<double>(64, w0), "w");
+    tmem::amp::MasterWeights<B> masters({w}, {.model_dtype = DType::BF16, .rounding = tmem::RoundingMode::Stochastic});
+    tmem::optim::SGD<B> sgd({w}, {.lr = 1.0});
+    masters.attach(sgd);
+    overflow_grad(w, std::vector<double>(64, w0 - top));  // exact in f32: the master becomes f32's largest
+    CHECK_THROWS_MATCHES(sgd.step(), tmem::Error, tmem::testing::ErrorContains("of 64 elements of its bf16 copy"));
+    CHECK(masters.master(0).to_host<double>() == std::vector<double>(64, top));
+  }
   SECTION("f16 under GradScaler::step: the scaled gradient is divided, then the copy overflows") {
     auto w = overflow_parameter({65000.0, 1.0}, "w");
     tmem::amp::MasterWeights<B> masters({w}, {.model_dtype = DType::F16});
@@ -97,6 +108,22 @@ TEST_CASE("a copy overflow is found in every update pass: AdamW, bf16, under a l
     CHECK_THROWS_MATCHES(scaler.step(sgd), tmem::Error, tmem::testing::ErrorContains("'w': 1 of 2 elements"));
     CHECK(masters.master(0).to_host<double>() == std::vector<double>{66000.0, 1.0});
     CHECK_NOTHROW(scaler.update());  // the step was taken: it counts for the scale's rule
+  }
+  SECTION("TrainStep f16: the error comes after a finished step, and the next step runs") {
+    auto w = overflow_parameter({65000.0, 1.0}, "w");
+    tmem::optim::SGD<B> sgd({w}, {.lr = 1.0});
+    tmem::amp::TrainStep<B> train(sgd, {.precision = DType::F16, .scaler = {.init_scale = 1.0}});
+    const auto step = [&](double x0) {  // loss = w . x: the gradient is x
+      tmem::Tape<B> tape;
+      return train.run([&] {
+        return tmem::sum(tmem::mul(
+            w, tape.input(tmem::Tensor<B>::from_host(tmem::Shape{2}, std::vector<double>{x0, 0.0}, DType::F16))));
+      });
+    };
+    CHECK_THROWS_MATCHES(step(-1000.0), tmem::Error, tmem::testing::ErrorContains("'w': 1 of 2 elements"));
+    CHECK(train.master_weights()->master(0).to_host<double>() == std::vector<double>{66000.0, 1.0});
+    CHECK(step(2000.0).stepped);  // 64000: finite again
+    CHECK(w.value().to_host<double>() == std::vector<double>{64000.0, 1.0});
   }
   SECTION("a master that is already inf or NaN is not an overflow of the copy") {
     auto w = overflow_parameter({1.0, 2.0}, "w");
