@@ -65,7 +65,7 @@ std::vector<double> stepped_once(int micro_batches = 1, double lr = kLr) {
 
 }  // namespace
 
-TEST_CASE("optimizer.step() on the gradients of a scaled loss is refused; scaler.step applies them",
+TEST_CASE("optimizer.step() on the gradients of a scaled loss is refused, scaler.step applies them",
           "[amp][scaler][scaled_grads]") {
   for (DType dtype : {DType::F16, DType::BF16}) {
     CAPTURE(dtype);
@@ -89,7 +89,7 @@ TEST_CASE("optimizer.step() on the gradients of a scaled loss is refused; scaler
   }
 }
 
-TEST_CASE("unscale_, clip and step; accumulation over micro-batches; a disabled scaler marks nothing",
+TEST_CASE("unscale_, clip and step, accumulation over micro-batches, a disabled scaler marks nothing",
           "[amp][scaler][scaled_grads]") {
   SECTION("unscale_ divides the gradients and clears the mark, so a plain step may follow") {
     ScaledModel model(DType::F16);

@@ -29,7 +29,7 @@ Var<B> nan_input(Tape<B>& tape, std::vector<double> values, DType dtype, Shape s
 
 }  // namespace
 
-TEST_CASE("relu(NaN) is NaN in every dtype; its gradient there is 0, as PyTorch's", "[ops][nan]") {
+TEST_CASE("relu(NaN) is NaN in every dtype, its gradient there is 0, as PyTorch's", "[ops][nan]") {
   for (DType dtype : {DType::F32, DType::F64, DType::F16, DType::BF16}) {
     CAPTURE(dtype);
     Tape<B> tape;
