@@ -26,6 +26,13 @@ class CheckpointError : public Error {
   using Error::Error;
 };
 
+/// \brief Thrown when an optimizer step wrote a 16-bit model copy that overflowed to inf
+/// from a finite master (core/copy_overflow.hpp). The step itself was taken in full.
+class CopyOverflowError : public Error {
+ public:
+  using Error::Error;
+};
+
 namespace detail {
 
 template <class... Parts>

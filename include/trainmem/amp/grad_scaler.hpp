@@ -17,6 +17,9 @@
 // the device and divide each gradient by the scale in f32) and returns nothing.
 // To clip: `unscale_(optimizer)`, then optim::clip_grad_norm, then step. unscale_ writes
 // f32 gradients in place of 16-bit ones (their unscaled values would flush in 16 bits).
+// The gradients of scale(loss).backward() are marked scaled until step() divides them or
+// unscale_() does: a plain optimizer.step() on them, which would apply S-times gradients
+// (65536 by default), throws instead (optimizer.hpp: allow_scaled_grads to opt out).
 //
 // The scale stays a normal f32, in [2^-126, f32 max] (core/loss_scale_rule.hpp): settings,
 // loaded states and update(new_scale) outside it are errors, and a scale tensor that was
@@ -64,11 +67,15 @@ class GradScaler {
   const GradScalerOptions& options() const { return options_; }
 
   /// loss * scale, as an op on the loss's tape (backward seeds every gradient with the
-  /// scale). The disabled scaler returns the loss.
+  /// scale). The gradients that backward leaves are marked scaled (Var::grad_scaled), so
+  /// an optimizer refuses to step them until step() or unscale_() divides them. The
+  /// disabled scaler returns the loss.
   Var<B> scale(const Var<B>& loss) const {
     if (!enabled_) return loss;
     detail::check(loss.defined() && loss.tape() != nullptr, "GradScaler::scale: the loss must be a Var on a tape");
-    return trainmem::mul(loss, loss.tape()->input(scale_.clone()));
+    Var<B> scaled = trainmem::mul(loss, loss.tape()->input(scale_.clone()));
+    if (scaled.impl().grad_fn != nullptr) scaled.impl().grad_fn->scales_gradients = true;
+    return scaled;
   }
 
   /// Divides `optimizer`'s gradients by the scale in place (16-bit gradients are
@@ -90,6 +97,8 @@ class GradScaler {
     for (auto& e : optimizer.entries())
       if (e.param.grad().defined()) e.param.set_grad(grads[next++]);
     check_grads(grads, scale_, record);
+    for (auto& e : optimizer.entries())
+      if (e.param.grad().defined()) e.param.set_grad_scaled(false);
     for (const Tensor<B>& g : grads) g.bump_version();
     record.stage = Stage::Unscaled;
   }
@@ -104,7 +113,7 @@ class GradScaler {
     GradScalerOptions::check_scale("GradScaler::step", "the loss scale", get_scale());
     const optim::StepControl<B> control = prepare_step(optimizer);
     const bool stepped = control.found_inf.template to_host<float>()[0] == 0.0f;
-    if (stepped) optimizer.step(control);
+    if (stepped) step_taken(optimizer, control);
     record_of(optimizer).stage = Stage::Stepped;
     return stepped;
   }
@@ -116,7 +125,7 @@ class GradScaler {
       optimizer.step();
       return;
     }
-    optimizer.step(prepare_step(optimizer));
+    step_taken(optimizer, prepare_step(optimizer));
     record_of(optimizer).stage = Stage::Stepped;
   }
 
@@ -232,6 +241,17 @@ class GradScaler {
     require_grads(grads);
     record.found_inf.zero_();
     backend_->unscale_grads(grads, divisor, record.found_inf);
+  }
+
+  /// optimizer.step(control); a model copy that overflowed (CopyOverflowError) comes after
+  /// the step was taken, so the step still counts as this optimizer's for update().
+  void step_taken(optim::Optimizer<B>& optimizer, const optim::StepControl<B>& control) {
+    try {
+      optimizer.step(control);
+    } catch (const CopyOverflowError&) {
+      record_of(optimizer).stage = Stage::Stepped;
+      throw;
+    }
   }
 
   /// Checks the gradients if unscale_ did not, and says how the update passes must treat them.

@@ -4,7 +4,9 @@
 // rounded away, every step, so a pure-bf16 weight stops learning. Masters keep each
 // weight in f32, where the update lands; the model uses a 16-bit copy. The optimizer
 // updates the master and writes the copy in the same pass per tensor (apply_update),
-// optionally with stochastic rounding so that the copy is right on average.
+// optionally with stochastic rounding so that the copy is right on average. An update that
+// makes a copy overflow (a finite master past f16's 65504) is a CopyOverflowError after the
+// step (NOTE [Model copies that overflow] in core/copy_overflow.hpp).
 //
 // Memory: the model copy counts as MemCategory::Parameter (2 bytes per weight), the
 // master as MemCategory::MasterWeight (4 bytes). An f32 parameter handed over keeps its

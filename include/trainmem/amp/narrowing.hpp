@@ -3,8 +3,9 @@
 // f16's largest finite value is 65504: a weight beyond it becomes inf in its 16-bit model
 // copy, every forward overflows, and a loss scaler skips every step while it shrinks the
 // scale to its minimum, so training stops without a word. The weights are narrowed once,
-// when MasterWeights or a ZeroOptimizer takes the model, and checked there. (bf16 has
-// f32's range: only values within an ulp of f32's largest can overflow.)
+// when MasterWeights or a ZeroOptimizer takes the model, and checked there; the values an
+// update writes later are checked by the update pass itself (core/copy_overflow.hpp).
+// (bf16 has f32's range: only values within an ulp of f32's largest can overflow.)
 #pragma once
 
 #include <cmath>

@@ -92,10 +92,19 @@ class TrainStep {
   }
 
   /// The optimizer step after backward (skipped when a gradient is inf or NaN), the
-  /// scale's update and zeroed gradients. Returns whether the optimizer stepped.
+  /// scale's update and zeroed gradients. Returns whether the optimizer stepped. A model
+  /// copy the step made overflow is thrown (CopyOverflowError) once the step is finished
+  /// like any other, so the next step starts clean.
   bool update() {
     backend_->memory().mark("optimizer");
-    const bool stepped = scaler_.step(*optimizer_);
+    bool stepped = true;
+    try {
+      stepped = scaler_.step(*optimizer_);
+    } catch (const CopyOverflowError&) {
+      scaler_.update();
+      optimizer_->zero_grad();
+      throw;
+    }
     scaler_.update();
     optimizer_->zero_grad();
     if (!stepped) ++skipped_;

@@ -31,6 +31,9 @@ struct GradSlot {
   Tensor<B> grad;
   std::function<void()> on_ready;
   bool incomplete = false;  // a backward that reached this leaf failed part way (until zero_grad)
+  /// Holds contributions that passed a node which scales gradients (a loss scaler's):
+  /// still multiplied by that scale, until unscaled or zero_grad (NOTE [Scaled gradients]).
+  bool scaled = false;
 };
 
 /// \brief Where one input's gradient goes.
@@ -55,6 +58,9 @@ struct Node {
   /// run); moved out when it runs.
   Tensor<B> grad;
   bool released = false;
+  /// The gradients this node hands down are multiplied by a factor the host does not
+  /// know (GradScaler::scale's product): leaves reached through it get GradSlot::scaled.
+  bool scales_gradients = false;
 
   virtual ~Node() = default;
   /// Input gradients (one per input, undefined where none) from the output's gradient g[0].

@@ -38,6 +38,15 @@
 // (Var::grad_incomplete) until zero_grad, and optimizers and the loss scaler refuse it:
 // a partial gradient is never applied by mistake. set_grad keeps the mark, since what
 // replaces a gradient (unscale_, a ZeRO reduction) is made from it.
+//
+// NOTE [Scaled gradients]
+// A loss scaler multiplies the loss by S on the device, so every gradient below it is S
+// times too large until divided. The node that multiplies says so (Node::scales_gradients),
+// and each leaf a backward accumulates into after that node has run (in the newest-first
+// walk: the leaves below it) is marked scaled (Var::grad_scaled), a host flag that costs
+// no device work. Optimizers refuse a scaled gradient unless their step divides it
+// (StepControl::grad_divisor) or they were told it is meant; unscale_ and zero_grad clear
+// the mark, set_grad keeps it (a replacement is made from the scaled gradient).
 #pragma once
 
 #include <memory>
@@ -196,6 +205,7 @@ class Tape {
   void run_backward(Node<B>* start, const Tensor<B>& seed, bool retain_graph) {
     start->grad = seed;
     std::size_t waiting = 1;  // nodes holding a gradient they have not run with yet
+    bool scaled = false;      // a node that scales gradients has run (NOTE [Scaled gradients])
     ReadyLeaves ready(nodes_, start);
     try {
       // Nodes run newest first; the start node is somewhere on the tape.
@@ -213,6 +223,7 @@ class Tape {
         Grads<B> grad_inputs = node->backward(grad_output);
         grad_output.clear();
         if (!retain_graph) node->release();
+        scaled = scaled || node->scales_gradients;
         for (std::size_t i = 0; i < node->inputs.size(); ++i) {
           const Edge<B>& edge = node->inputs[i];
           if (!edge.wants_grad() || i >= grad_inputs.size() || !grad_inputs[i].defined()) continue;
@@ -220,6 +231,7 @@ class Tape {
           if (g.dtype() != edge.dtype) g = g.to(edge.dtype);
           if (edge.leaf) {
             accumulate_into_leaf(*edge.leaf, g);
+            edge.leaf->scaled = edge.leaf->scaled || scaled;
           } else if (edge.node->grad.defined()) {
             edge.node->grad = add(edge.node->grad, g);
           } else {

@@ -130,8 +130,8 @@ class Var {
     return impl().grad_slot->grad;
   }
   /// Replaces the gradient (the loss scaler writes unscaled grads, ZeRO reduced shards).
-  /// It keeps the mark of a failed backward (grad_incomplete): a replacement made from a
-  /// partial gradient is partial too.
+  /// It keeps the marks of a failed backward (grad_incomplete) and of a scaled loss
+  /// (grad_scaled): a replacement made from such a gradient is one too.
   void set_grad(Tensor<B> grad) const {
     detail::check(impl().grad_slot != nullptr, "Var::set_grad: '", impl().name, "' is not a leaf that requires grad");
     impl().grad_slot->grad = std::move(grad);
@@ -140,6 +140,7 @@ class Var {
     if (!impl().grad_slot) return;
     impl().grad_slot->grad = Tensor<B>();
     impl().grad_slot->incomplete = false;
+    impl().grad_slot->scaled = false;
   }
   /// Whether a backward that reached this leaf failed part way: its .grad then holds some
   /// of that backward's contributions and not others. Optimizers refuse such a gradient;
@@ -151,6 +152,17 @@ class Var {
     detail::check(impl().grad_slot != nullptr, "Var::mark_grad_incomplete: '", impl().name,
                   "' is not a leaf that requires grad");
     impl().grad_slot->incomplete = true;
+  }
+  /// Whether .grad is still multiplied by a loss scale: a backward from
+  /// amp::GradScaler::scale(loss) reached it and nothing divided it since (NOTE [Scaled
+  /// gradients] in tape.hpp). Optimizers refuse such a gradient unless their step divides it.
+  bool grad_scaled() const { return impl().grad_slot != nullptr && impl().grad_slot->scaled; }
+  /// Sets or clears the mark: GradScaler::unscale_ clears it once it has divided the
+  /// gradient; code that moves a scaled gradient elsewhere sets it there.
+  void set_grad_scaled(bool scaled) const {
+    detail::check(impl().grad_slot != nullptr, "Var::set_grad_scaled: '", impl().name,
+                  "' is not a leaf that requires grad");
+    impl().grad_slot->scaled = scaled;
   }
   /// `hook` runs during each backward that reaches this leaf, right after the last
   /// contribution to its .grad: from then on this backward does not touch the gradient

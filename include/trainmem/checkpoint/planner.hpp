@@ -60,6 +60,9 @@ class CheckpointPlan {
     model_state_ = profile.model_state;
     plain_ = {profile.plain_peak, profile.plain_ms};
   }
+  /// The plan keeps a pointer to `stages` (its runners run them): a temporary would dangle.
+  CheckpointPlan(const std::vector<Layer<B>>&& stages, std::vector<Segment> segments, PlanPrediction prediction,
+                 Budget budget, const ChainProfile& profile) = delete;
 
   const std::vector<Segment>& segments() const { return segments_; }
   const PlanPrediction& prediction() const { return prediction_; }
@@ -155,6 +158,10 @@ class Planner {
         options_(checked(options)),
         backend_(&backend),
         profile_(profile_chain(stages, step_, backend, options.profile_reps)) {}
+  /// The planner keeps a pointer to `stages` for its plans, so a temporary (`Planner
+  /// planner(model.stages(), ...)` with stages() returning by value) would dangle: not allowed.
+  Planner(const std::vector<Layer<B>>&& stages, ChainStep<B> step, PlannerOptions options = {},
+          B& backend = B::default_instance()) = delete;
 
   const ChainProfile& profile() const { return profile_; }
 

@@ -188,6 +188,10 @@ class ChainRunner {
       : stages_(&stages), segments_(std::move(segments)), recorder_(recorder) {
     detail::check_tiling("ChainRunner", static_cast<std::int64_t>(stages.size()), segments_);
   }
+  /// The runner keeps a pointer to `stages`, so a temporary (`ChainRunner run(model.stages(),
+  /// ...)` with stages() returning by value) would dangle at the first call: not allowed.
+  ChainRunner(const std::vector<Layer<B>>&& stages, std::vector<Segment> segments,
+              detail::ProfileRecorder* recorder = nullptr) = delete;
 
   /// The stages on x, segment by segment (every mode but Keep runs as a region).
   Var<B> operator()(const Var<B>& x) const {

@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 
 #include "trainmem/core/attention_sizes.hpp"
 #include "trainmem/core/axis_view.hpp"
@@ -84,13 +85,17 @@ concept BackendKernels = requires(B& b, const Tensor<B>& t, const GemmArgs& args
   b.embedding_backward(t, t, t);
 };
 
-/// The optimizer's one pass per tensor (which a found-inf flag can cancel on the device)
-/// and the loss scaler's unscale and scale update.
+/// The optimizer's one pass per tensor (which a found-inf flag can cancel on the device,
+/// and which reports a model copy it made overflow under the parameter's name: NOTE
+/// [Model copies that overflow] in core/copy_overflow.hpp) and the loss scaler's unscale
+/// and scale update.
 template <class B>
 concept BackendFusedUpdate = requires(B& b, const Tensor<B>& t, std::span<const Tensor<B>> grads,
-                                      const ScaleUpdateArgs& scale_args, const CopyRounding& rounding) {
+                                      const ScaleUpdateArgs& scale_args, const CopyRounding& rounding,
+                                      std::string_view name) {
   b.apply_update(math::SgdUpdate{}, t, t, t, t, t);
   b.apply_update(math::AdamWUpdate{}, t, t, t, t, t, t, rounding);
+  b.apply_update(math::AdamWUpdate{}, t, t, t, t, t, t, rounding, name);
   b.unscale_grads(grads, t, t);
   b.update_scale(t, t, t, t, scale_args);
 };

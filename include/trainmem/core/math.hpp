@@ -123,10 +123,13 @@ struct Scale {
     return static_cast<T>(alpha) * x;
   }
 };
+/// max(x, 0), with NaN kept as NaN (torch.relu(nan) is nan): a diverged forward must reach
+/// the loss, not hide behind a finite one. Written as a compare that NaN fails, so it still
+/// vectorises to a compare and a select.
 struct Relu {
   template <class T>
   TRAINMEM_HOST_DEVICE T operator()(T x) const {
-    return x > T(0) ? x : T(0);
+    return x <= T(0) ? T(0) : x;
   }
 };
 struct Sigmoid {
@@ -220,7 +223,10 @@ struct GeluErf {
 };
 
 // --- unary backward: (dy, saved) -> dx ------------------------------------------
-struct ReluBackward {  // saved: output y
+/// saved: output y. dy where y > 0, else 0 -- also at a NaN output, as PyTorch's
+/// threshold_backward (grad * (result > 0)): the NaN is the loss's to show, and the
+/// gradient below a NaN activation is not made NaN a second time.
+struct ReluBackward {
   template <class T>
   TRAINMEM_HOST_DEVICE T operator()(T dy, T y) const {
     return y > T(0) ? dy : T(0);

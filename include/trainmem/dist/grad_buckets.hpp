@@ -71,6 +71,11 @@ class GradBuckets {
       windows_of_param_[i] = static_cast<int>(last - first + 1);
     }
   }
+  // It keeps pointers to `params` and `layout`: temporaries would dangle.
+  GradBuckets(Communicator<B>& comm, const std::vector<Var<B>>&& params, const FlatLayout& layout,
+              std::int64_t bucket_elements, int in_flight) = delete;
+  GradBuckets(Communicator<B>& comm, const std::vector<Var<B>>& params, const FlatLayout&& layout,
+              std::int64_t bucket_elements, int in_flight) = delete;
   GradBuckets(const GradBuckets&) = delete;
   GradBuckets& operator=(const GradBuckets&) = delete;
 

@@ -164,7 +164,12 @@ class ZeroOptimizer {
     check_max_grad_norm(max_grad_norm);
     require_reduced();
     clip(max_grad_norm);
-    optimizer_->step();
+    try {
+      optimizer_->step();
+    } catch (const CopyOverflowError&) {  // the step was taken: every rank still gathers
+      finish(true);
+      throw;
+    }
     finish(true);
     return true;
   }
@@ -178,7 +183,13 @@ class ZeroOptimizer {
     scaler.unscale_(*optimizer_);
     dp_.communicator().all_reduce_sum(scaler.found_inf(*optimizer_));
     clip(max_grad_norm);
-    const bool stepped = scaler.step(*optimizer_);
+    bool stepped = false;
+    try {
+      stepped = scaler.step(*optimizer_);
+    } catch (const CopyOverflowError&) {  // the step was taken: every rank still gathers
+      finish(true);
+      throw;
+    }
     finish(stepped);
     return stepped;
   }
@@ -217,10 +228,13 @@ class ZeroOptimizer {
   };
 
   /// Hands the shard optimizer's segments their reduced gradients, marked incomplete when
-  /// the averages are (NOTE [A rank whose backward failed] in dist/grad_buckets.hpp).
+  /// the averages are (NOTE [A rank whose backward failed] in dist/grad_buckets.hpp), and
+  /// scaled when the model's are (a scaled loss's, not yet divided).
   void take_reduced_gradients() {
     const bool incomplete =
         std::any_of(dp_.params().begin(), dp_.params().end(), [](const Var<B>& p) { return p.grad_incomplete(); });
+    const bool scaled =
+        std::any_of(dp_.params().begin(), dp_.params().end(), [](const Var<B>& p) { return p.grad_scaled(); });
     for (std::size_t i = 0; i < segments_.size(); ++i) {
       const Piece& piece = segments_[i].piece;
       const Var<B>& segment = optimizer_->entries()[i].param;
@@ -232,6 +246,7 @@ class ZeroOptimizer {
                                           : flat_view(dp_.params()[piece.param].grad(), piece.param_offset,
                                                       piece.param_offset + piece.count));
       if (incomplete) segment.mark_grad_incomplete();
+      segment.set_grad_scaled(scaled);  // still multiplied by the loss scale (NOTE [Scaled gradients])
     }
     if (options_.stage == 2)
       for (const Var<B>& p : dp_.params()) p.zero_grad();

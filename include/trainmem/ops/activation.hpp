@@ -4,6 +4,10 @@
 // backward functor to (dy, saved), where saved is the output for relu, sigmoid, tanh
 // and exp and the input for gelu and log. What to save is part of each op's
 // declaration, in one table below.
+//
+// A NaN input gives a NaN output in each of them, as in PyTorch (relu(NaN) = NaN, not 0),
+// so a diverged forward shows in the loss; relu's gradient at a NaN output is 0
+// (PyTorch's grad * (result > 0)).
 #pragma once
 
 #include "trainmem/ops/op_helpers.hpp"

@@ -25,6 +25,20 @@
 // finite moments, and each optimizer's own rules (check_param_values: AdamW's v >= 0 and
 // powers in [0, 1], SGD's whole count of applied steps).
 //
+// A 16-bit model copy that an update made inf (its master finite but beyond f16's 65504)
+// is a CopyOverflowError: at the end of the step on the CPU, at the next host wait on a
+// GPU; the step itself is taken in full (NOTE [Model copies that overflow] in
+// core/copy_overflow.hpp).
+//
+// NOTE [Gradients still scaled]
+// A gradient from backward of amp::GradScaler::scale(loss) is S times too large (S =
+// 65536 at first) until divided, and is marked so on the host (Var::grad_scaled, NOTE
+// [Scaled gradients] in autograd/tape.hpp). A step refuses such a gradient, naming the
+// parameter and the calls that divide it (scaler.step(optimizer), or scaler.unscale_ first),
+// unless the step divides it itself (StepControl::grad_divisor, what scaler.step passes)
+// or `allow_scaled_grads()` says the caller accounts for the scale (e.g. step(1 / S)).
+// The check reads a host flag: no device work, no sync.
+//
 // NOTE [All or nothing]
 // A step first checks every gradient and allocates every state it will need (first-use
 // moments, step scalars), then runs the update passes, which allocate nothing and so
@@ -51,6 +65,7 @@
 #include "trainmem/core/math.hpp"
 #include "trainmem/core/rng.hpp"
 #include "trainmem/core/stochastic_rounding.hpp"
+#include "trainmem/error.hpp"
 #include "trainmem/state/state_dict.hpp"
 
 namespace trainmem {
@@ -204,6 +219,10 @@ class Optimizer {
   const std::vector<ParamGroupEntry<B>>& entries() const { return entries_; }
   /// Steps launched (with step(StepControl), including those found_inf cancelled).
   std::int64_t steps() const { return steps_; }
+  /// Lets a step apply gradients still multiplied by a loss scale (NOTE [Gradients still
+  /// scaled]): for a caller that accounts for the scale itself. Off by default.
+  void allow_scaled_grads(bool allow = true) { scaled_grads_allowed_ = allow; }
+  bool scaled_grads_allowed() const { return scaled_grads_allowed_; }
 
   /// Everything a resumed run needs from this optimizer, keyed by parameter name
   /// ("params.<name>.first_moment", ".second_moment", ".step_state", ".steps"), plus
@@ -336,10 +355,10 @@ class Optimizer {
     if (control.grad_divisor.defined()) {
       target.backend().apply_update(
           detail::DivideGrad<Update>{update, control.grad_divisor.template data_as<const float>()}, target, grad,
-          e.first_moment, e.second_moment, copy, control.found_inf, rounding);
+          e.first_moment, e.second_moment, copy, control.found_inf, rounding, e.param.name());
     } else {
       target.backend().apply_update(update, target, grad, e.first_moment, e.second_moment, copy, control.found_inf,
-                                    rounding);
+                                    rounding, e.param.name());
     }
   }
   virtual void update(ParamGroupEntry<B>& e, const Tensor<B>& target, const Tensor<B>& grad, double grad_scale,
@@ -410,6 +429,11 @@ class Optimizer {
       const Tensor<B>& grad = e.param.grad();
       if (!grad.defined()) continue;
       check_grad(e.param, "optimizer");
+      detail::check(!e.param.grad_scaled() || control.grad_divisor.defined() || scaled_grads_allowed_,
+                    "optimizer::step: the gradient of '", e.param.name(),
+                    "' is still multiplied by the loss scale (it comes from backward of scaler.scale(loss)); "
+                    "step with scaler.step(optimizer), or call scaler.unscale_(optimizer) before optimizer.step() "
+                    "(allow_scaled_grads() lets a caller that divides by the scale itself step them)");
       const Tensor<B>& target = e.master.defined() ? e.master : e.param.value();
       detail::check(grad.shape() == target.shape(), "optimizer: grad of '", e.param.name(), "' is ", grad.shape(),
                     ", parameter is ", target.shape());
@@ -422,15 +446,21 @@ class Optimizer {
     }
     prepare_states(control);
     ++steps_;
+    std::string overflowed;  // NOTE [Model copies that overflow]: raised once every update has run
     for (auto& e : entries_) {
       const Tensor<B>& grad = e.param.grad();
       if (!grad.defined()) continue;
       const Tensor<B>& target = e.master.defined() ? e.master : e.param.value();
       ++e.steps;
-      update(e, target, grad, grad_scale, control);
+      try {
+        update(e, target, grad, grad_scale, control);
+      } catch (const CopyOverflowError& error) {
+        overflowed += (overflowed.empty() ? "" : "; ") + std::string(error.what());
+      }
       target.bump_version();
       if (e.master.defined()) e.param.value().bump_version();
     }
+    if (!overflowed.empty()) throw CopyOverflowError(overflowed);
   }
 
   /// Allocates every state this step's updates use; when an allocation fails, the states
@@ -476,6 +506,7 @@ class Optimizer {
 
   std::uint64_t id_;
   RoundingMode rounding_mode_ = RoundingMode::NearestEven;
+  bool scaled_grads_allowed_ = false;
   Generator rounding_rng_{0};
   Tensor<B> one_, flagged_applies_, applies_;
 };

@@ -164,6 +164,33 @@ TEST_CASE("cuda step: bad labels and ids are raised at the next host wait", "[cu
   CHECK_NOTHROW(gpu.synchronize());  // raised once, then cleared
 }
 
+// Issue 55, case 12: an update that pushed an f16 master past 65504 wrote inf into the model
+// copy and reported success. The pass counts such elements on the device; the error comes
+// at the next host wait, as the label check's does, and the step is taken in full.
+TEST_CASE("cuda step: a model copy an update made inf is raised at the next host wait", "[cuda][amp][overflow]") {
+  TRAINMEM_REQUIRE_CUDA_DEVICE();
+  Gpu& gpu = Gpu::default_instance();
+  gpu.synchronize();
+  auto w = tmem::Var<Gpu>::parameter(TensorG::from_host(Shape{4}, std::vector<double>{65000, 1, -65000, 2}, DType::F32,
+                                                        tmem::MemCategory::Parameter, gpu),
+                                     "big");
+  tmem::amp::MasterWeights<Gpu> masters({w}, {.model_dtype = DType::F16});
+  tmem::optim::SGD<Gpu> sgd({w}, tmem::optim::SgdOptions{1.0});
+  masters.attach(sgd);
+  auto grad = [&](std::vector<double> g) {
+    w.set_grad(TensorG::from_host(Shape{4}, g, DType::F32, tmem::MemCategory::Gradient, gpu));
+  };
+  grad({-1000, 0.25, 1000, 0});  // masters 66000, 0.75, -66000, 2
+  CHECK_NOTHROW(sgd.step());     // queued: counted on the device, not waited for
+  REQUIRE_THROWS_WITH(gpu.synchronize(),
+                      Catch::Contains("'big': 2 element(s)") && Catch::Contains("f16 copy overflowed to inf"));
+  CHECK_NOTHROW(gpu.synchronize());  // raised once, then cleared
+  CHECK(masters.master(0).to_host<double>() == std::vector<double>{66000, 0.75, -66000, 2});
+  grad({2000, 0, -2000, 0});  // back to 64000 and -64000: finite in f16
+  sgd.step();
+  CHECK(w.value().to_host<double>() == std::vector<double>{64000, 0.75, -64000, 2});
+}
+
 // Defect 4: the unscale kernel rewrote every gradient even when dividing by 1.
 TEST_CASE("cuda step: unscale by 1 leaves gradient bits untouched, NaN payloads included", "[cuda][defect4][amp]") {
   TRAINMEM_REQUIRE_CUDA_DEVICE();

@@ -7,12 +7,16 @@
 // base of cpu::Backend (CRTP: the tensor type is the backend's), keeping no state.
 #pragma once
 
+#include <atomic>
+#include <cstdint>
 #include <span>
+#include <string_view>
 #include <type_traits>
 
 #include "trainmem/backend/cpu/kernels/loss_scale.hpp"
 #include "trainmem/backend/cpu/kernels/update.hpp"
 #include "trainmem/core/backend_contract.hpp"
+#include "trainmem/core/copy_overflow.hpp"
 #include "trainmem/core/loss_scale_rule.hpp"
 #include "trainmem/core/stochastic_rounding.hpp"
 #include "trainmem/core/tensor.hpp"
@@ -30,32 +34,38 @@ class FusedUpdate {
   template <class Update>
   void apply_update(Update update, const TensorT& param, const TensorT& grad, const TensorT& first_moment,
                     const TensorT& second_moment, const TensorT& model_copy) {
-    if (!model_copy.defined()) {
-      update_with(update, param, grad, first_moment, second_moment, kernels::NoCopy{});
-      return;
-    }
-    visit_floating(model_copy.dtype(), "apply_update", [&]<class TC>() {
-      update_with(update, param, grad, first_moment, second_moment,
-                  kernels::NearestCopy<TC>{model_copy.template data_as<TC>()});
-    });
+    apply_update(update, param, grad, first_moment, second_moment, model_copy, TensorT());
   }
 
   // --- mixed precision ----------------------------------------------------------------
   /// As apply_update above, and: when `found_inf` (f32 scalar) is defined and non-zero the
   /// pass changes nothing (a step the loss scaler skips, decided without a host sync on a
   /// GPU); `rounding` says how the 16-bit model copy is written (stochastic: bf16 only).
+  /// A copy element that became inf from a finite value throws CopyOverflowError naming
+  /// `name` once the pass is done (NOTE [Model copies that overflow] in core/copy_overflow.hpp).
   template <class Update>
   void apply_update(Update update, const TensorT& param, const TensorT& grad, const TensorT& first_moment,
                     const TensorT& second_moment, const TensorT& model_copy, const TensorT& found_inf,
-                    const CopyRounding& rounding = {}) {
+                    const CopyRounding& rounding = {}, std::string_view name = {}) {
     if (found_inf.defined() && found_inf.template data_as<const float>()[0] != 0.0f) return;
-    if (rounding.mode == RoundingMode::NearestEven || !model_copy.defined()) {
-      apply_update(update, param, grad, first_moment, second_moment, model_copy);
+    if (!model_copy.defined()) {
+      update_with(update, param, grad, first_moment, second_moment, kernels::NoCopy{});
       return;
     }
-    detail::expects(model_copy.dtype() == DType::BF16, "apply_update: a bf16 model copy for stochastic rounding");
-    update_with(update, param, grad, first_moment, second_moment,
-                kernels::StochasticBf16Copy{model_copy.template data_as<BFloat16>(), rounding.rng});
+    std::atomic<std::int64_t> overflowed{0};
+    if (rounding.mode == RoundingMode::NearestEven) {
+      visit_floating(model_copy.dtype(), "apply_update", [&]<class TC>() {
+        update_with(update, param, grad, first_moment, second_moment,
+                    kernels::NearestCopy<TC>{model_copy.template data_as<TC>(), &overflowed});
+      });
+    } else {
+      detail::expects(model_copy.dtype() == DType::BF16, "apply_update: a bf16 model copy for stochastic rounding");
+      update_with(update, param, grad, first_moment, second_moment,
+                  kernels::StochasticBf16Copy{model_copy.template data_as<BFloat16>(), rounding.rng, &overflowed});
+    }
+    if (const std::int64_t n = overflowed.load(); n != 0)
+      throw CopyOverflowError(detail::copy_overflow_message(
+          name, detail::concat(n, " of ", model_copy.numel(), " elements"), model_copy.dtype()));
   }
 
   /// Every grad *= 1 / scale[0] in place (no write when that is 1), and found_inf[0] = 1

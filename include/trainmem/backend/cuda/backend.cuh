@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "trainmem/backend/cuda/allocator.cuh"
+#include "trainmem/backend/cuda/copy_overflow_checks.cuh"
 #include "trainmem/backend/cuda/cudnn_attention.cuh"
 #include "trainmem/backend/cuda/error.cuh"
 #include "trainmem/backend/cuda/fingerprint_checks.cuh"
@@ -63,6 +64,7 @@ class Backend : public FusedUpdate<Backend> {
         allocator_(stats_, device, stream_.get()),
         index_checks_(),
         fingerprint_checks_(),
+        copy_overflow_checks_(),
         gemm_(context()),
         offload_(allocator_, stream_.get()) {}
   ~Backend() {
@@ -149,9 +151,11 @@ class Backend : public FusedUpdate<Backend> {
     TRAINMEM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream()));
     index_checks_.queue_read(stream());
     fingerprint_checks_.queue_read(stream());
+    copy_overflow_checks_.queue_read(stream());
     allocator_.synchronize(stream());
     index_checks_.raise(stream());
     fingerprint_checks_.raise(stream());
+    copy_overflow_checks_.raise(stream());
   }
   /// Device to device, queued; overlapping ranges go through a scratch buffer (memmove semantics).
   void copy(void* dst, const void* src, std::size_t bytes) {
@@ -186,11 +190,13 @@ class Backend : public FusedUpdate<Backend> {
     runtime::make_current(device_);
     index_checks_.queue_read(stream());
     fingerprint_checks_.queue_read(stream());
+    copy_overflow_checks_.queue_read(stream());
     allocator_.synchronize(stream());
     offload_.synchronize();
     allocator_.check_deferred();
     index_checks_.raise(stream());
     fingerprint_checks_.raise(stream());
+    copy_overflow_checks_.raise(stream());
   }
 
   // --- kernels ---------------------------------------------------------------------
@@ -446,6 +452,7 @@ class Backend : public FusedUpdate<Backend> {
   Allocator allocator_;
   runtime::IndexChecks index_checks_;
   runtime::FingerprintChecks fingerprint_checks_;
+  runtime::CopyOverflowChecks copy_overflow_checks_;
   kernels::GemmEngine gemm_;
   runtime::OffloadEngine offload_;
   CudnnAttention cudnn_attention_;  // cuDNN is opened at the first 16-bit attention call

@@ -7,6 +7,8 @@
 #pragma once
 
 #include <span>
+#include <string>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -32,10 +34,12 @@ class FusedUpdate {
   /// host wait), nor when a recompute's fingerprint differed from its forward's since the
   /// last host wait (fingerprint_checks.cuh); `rounding` says how the model copy is written (stochastic: bf16 only,
   /// element i with draw i).
+  /// A copy element that became inf from a finite master is raised as CopyOverflowError
+  /// naming `name` at the next host wait (copy_overflow_checks.cuh).
   template <class Update>
   void apply_update(Update update, const TensorT& param, const TensorT& grad, const TensorT& first_moment,
                     const TensorT& second_moment, const TensorT& model_copy, const TensorT& found_inf = TensorT(),
-                    const CopyRounding& rounding = {}) {
+                    const CopyRounding& rounding = {}, std::string_view name = {}) {
     detail::expects(param.dtype() == DType::F32 || param.dtype() == DType::F64, "apply_update: an f32 or f64 param");
     detail::expects(grad.numel() == param.numel() && (!model_copy.defined() || model_copy.numel() == param.numel()),
                     "apply_update: grad and model copy the size of param");
@@ -43,6 +47,9 @@ class FusedUpdate {
         rounding.mode == RoundingMode::NearestEven || !model_copy.defined() || model_copy.dtype() == DType::BF16,
         "apply_update: a bf16 model copy for stochastic rounding");
     const float* skip = found_inf.defined() ? scalar<float>(found_inf) : nullptr;
+    const unsigned long long claim = model_copy.defined() && param.numel() > 0
+                                         ? derived().copy_overflow_checks_.expect(std::string(name), model_copy.dtype())
+                                         : 0ull;
     visit_floating(param.dtype(), "apply_update", [&]<class TP>() {
       if constexpr (std::is_same_v<TP, float> || std::is_same_v<TP, double>) {
         TP* s1 = first_moment.defined() ? first_moment.template data_as<TP>() : nullptr;
@@ -50,7 +57,8 @@ class FusedUpdate {
         kernels::apply_update(derived().context(), update, param.template data_as<TP>(), grad.data(), grad.dtype(), s1,
                               s2, model_copy.defined() ? model_copy.data() : nullptr,
                               model_copy.defined() ? model_copy.dtype() : DType::F32, param.numel(), skip,
-                              derived().fingerprint_checks_.record(), rounding);
+                              derived().fingerprint_checks_.record(), rounding,
+                              derived().copy_overflow_checks_.record(), claim);
       }
     });
   }

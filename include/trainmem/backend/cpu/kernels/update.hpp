@@ -8,13 +8,16 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <type_traits>
 
 #include "trainmem/backend/cpu/convert.hpp"
 #include "trainmem/backend/cpu/kernels/parallel.hpp"
 #include "trainmem/backend/cpu/simd.hpp"
+#include "trainmem/core/bit_cast.hpp"
 #include "trainmem/core/dtype.hpp"
 #include "trainmem/core/rng.hpp"
 #include "trainmem/core/stochastic_rounding.hpp"
@@ -117,8 +120,42 @@ void apply_update(Update update, TP* param, const TG* grad, TP* first_moment, TP
   }
 }
 
+/// The smallest f32 whose nearest-even TC is inf: 65520 for f16, 0x7F7F8000 for bf16 (the
+/// ties between their largest finite value and the next power of two round up, to even).
+template <class TC>
+inline float nearest_overflow_at() {
+  if constexpr (std::is_same_v<TC, Half>) return 65520.0f;
+  else if constexpr (std::is_same_v<TC, BFloat16>) return detail::bits_float(0x7F7F8000u);
+  else return std::numeric_limits<float>::infinity();
+}
+
+/// Adds to `overflowed` the elements of values[0, m) that are finite while their copy is
+/// inf: a model copy the update made overflow (NOTE [Model copies that overflow] in
+/// core/copy_overflow.hpp). A nearest-even copy of f32 values is judged from the values
+/// (one vector compare against nearest_overflow_at); any other copy is read back.
+template <bool kNearestFromFloat, class TC, class TP>
+void count_overflowed(const TC* copy, const TP* values, std::int64_t m, std::atomic<std::int64_t>* overflowed) {
+  if (overflowed == nullptr) return;
+  std::int64_t n = 0;
+  if constexpr (kNearestFromFloat && std::is_same_v<TP, float>) {
+    const float at = nearest_overflow_at<TC>();
+#pragma omp simd reduction(+ : n)
+    for (std::int64_t i = 0; i < m; ++i) {
+      const float a = std::fabs(values[i]);
+      n += (a >= at && a - a == 0.0f) ? 1 : 0;  // x - x is 0 for finite x, NaN for inf and NaN
+    }
+  } else {
+    for (std::int64_t i = 0; i < m; ++i) {
+      const auto c = static_cast<double>(detail::widen(copy[i]));
+      const auto v = static_cast<double>(values[i]);
+      n += (std::isinf(c) && std::isfinite(v)) ? 1 : 0;
+    }
+  }
+  if (n != 0) overflowed->fetch_add(n, std::memory_order_relaxed);
+}
+
 /// Model-copy writers for apply_update: store(s, values, m) writes copy[s, s + m) from the
-/// block's updated values.
+/// block's updated values, and counts the elements it made overflow into `overflowed`.
 struct NoCopy {
   template <class TP>
   void store(std::int64_t, const TP*, std::int64_t) const {}
@@ -126,6 +163,7 @@ struct NoCopy {
 template <class TC>
 struct NearestCopy {
   TC* copy;
+  std::atomic<std::int64_t>* overflowed = nullptr;  // null: not counted
   template <class TP>
   void store(std::int64_t s, const TP* values, std::int64_t m) const {
     if constexpr (std::is_same_v<TP, float>) {
@@ -133,18 +171,21 @@ struct NearestCopy {
     } else {
       for (std::int64_t i = 0; i < m; ++i) copy[s + i] = detail::narrow<TC>(values[i]);
     }
+    count_overflowed<true>(copy + s, values, m, overflowed);
   }
 };
 /// Rounds element i with draw i of `rng`, so the result does not depend on how the loop is split.
 struct StochasticBf16Copy {
   BFloat16* copy;
   RngState rng;
+  std::atomic<std::int64_t>* overflowed = nullptr;  // null: not counted
   template <class TP>
   void store(std::int64_t s, const TP* values, std::int64_t m) const {
     for (std::int64_t i = 0; i < m; ++i) {
       const auto at = static_cast<std::uint64_t>(s + i);
       copy[s + i] = bf16_round_stochastic(static_cast<float>(values[i]), detail::random_bits(rng, at));
     }
+    count_overflowed<false>(copy + s, values, m, overflowed);
   }
 };
 
