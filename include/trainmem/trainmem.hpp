@@ -6,6 +6,7 @@
 
 #include "trainmem/core/dtype.hpp"
 #include "trainmem/core/loss_scale_rule.hpp"
+#include "trainmem/core/memory_report.hpp"
 #include "trainmem/core/memory_stats.hpp"
 #include "trainmem/core/rng.hpp"
 #include "trainmem/core/stochastic_rounding.hpp"
