@@ -54,6 +54,7 @@
 #include "trainmem/nn/linear.hpp"
 #include "trainmem/nn/mlp.hpp"
 #include "trainmem/nn/module.hpp"
+#include "trainmem/nn/rms_norm.hpp"
 
 #include "trainmem/optim/adamw.hpp"
 #include "trainmem/optim/clip_grad_norm.hpp"
