@@ -128,7 +128,7 @@ TEST_CASE("a user's module gets path names from register_module alone", "[nn][op
   CHECK(y.shape() == tmem::Shape{3, 4});
 }
 
-TEST_CASE("nn::RMSNorm: x / sqrt(mean(x^2) + eps) * weight in FP64; its weight is named like LayerNorm's",
+TEST_CASE("nn::RMSNorm: x / sqrt(mean(x^2) + eps) * weight in FP64, its weight named like LayerNorm's",
           "[nn][rms_norm]") {
   using namespace options_test;
   namespace nn = tmem::nn;

@@ -240,7 +240,7 @@ TEST_CASE("activations: relu, gelu (tanh, erf), sigmoid, tanh, exp, log", "[ops]
   }
 }
 
-TEST_CASE("silu: closed form, F64 gradient, NaN propagates; swiglu = silu(gate) * up", "[ops][grad][activation]") {
+TEST_CASE("silu: closed form, F64 gradient, NaN propagates, and swiglu = silu(gate) * up", "[ops][grad][activation]") {
   const auto silu_ref = [](double x) { return x / (1.0 + std::exp(-x)); };
   SECTION("silu against x / (1 + e^-x) and central differences") {
     const T x = f64(Shape{4, 6}, 18, -5, 5);
