@@ -5,7 +5,8 @@
 // judged by. With the timeline on it also keeps every allocation, free and re-tag of
 // the step, and `write_memory_svg` draws it as stacked areas per category, with the
 // step's phases (forward, backward, optimizer) as marks. The SVG is plain text; no
-// plotting library is involved.
+// plotting library is involved. The tables themselves are the library's
+// (trainmem/core/memory_report.hpp); this file prints them.
 #pragma once
 
 #include <algorithm>
@@ -18,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "trainmem/core/memory_report.hpp"
 #include "trainmem/core/memory_stats.hpp"
 #include "trainmem/error.hpp"
 
@@ -62,27 +64,11 @@ StepMemory measure_steady_step(MemoryStats& stats, Step&& step, bool record_time
 
 using trainmem::format_bytes;
 
-/// Prints peak bytes per category of the chosen settings next to the plain FP32 step.
+/// Prints peak bytes per category of the chosen settings next to the plain FP32 step
+/// (the table is the library's trainmem::memory_comparison).
 inline void print_memory_table(const StepMemory& chosen, const std::string& chosen_name, const StepMemory& plain,
                                const std::string& plain_name) {
-  const auto ratio = [](std::int64_t a, std::int64_t b) {
-    char text[16];
-    if (b == 0) return std::string(a == 0 ? "-" : "new");
-    std::snprintf(text, sizeof text, "%.2fx", static_cast<double>(a) / static_cast<double>(b));
-    return std::string(text);
-  };
-  std::printf("%-18s %22s %22s %8s\n", "peak bytes", chosen_name.c_str(), plain_name.c_str(), "ratio");
-  for (std::size_t c = 0; c < kMemCategoryCount; ++c) {
-    if (chosen.peak.by_category[c] == 0 && plain.peak.by_category[c] == 0) continue;
-    const auto name = trainmem::name_of(static_cast<MemCategory>(c));
-    std::printf("%-18.*s %22s %22s %8s\n", static_cast<int>(name.size()), name.data(),
-                format_bytes(static_cast<double>(chosen.peak.by_category[c])).c_str(),
-                format_bytes(static_cast<double>(plain.peak.by_category[c])).c_str(),
-                ratio(chosen.peak.by_category[c], plain.peak.by_category[c]).c_str());
-  }
-  std::printf("%-18s %22s %22s %8s\n", "total (at peak)", format_bytes(static_cast<double>(chosen.peak.total)).c_str(),
-              format_bytes(static_cast<double>(plain.peak.total)).c_str(),
-              ratio(chosen.peak.total, plain.peak.total).c_str());
+  std::fputs(trainmem::memory_comparison(chosen.peak, chosen_name, plain.peak, plain_name).c_str(), stdout);
 }
 
 inline std::string xml_escape(const std::string& text) {

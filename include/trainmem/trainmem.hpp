@@ -6,6 +6,7 @@
 
 #include "trainmem/core/dtype.hpp"
 #include "trainmem/core/loss_scale_rule.hpp"
+#include "trainmem/core/memory_report.hpp"
 #include "trainmem/core/memory_stats.hpp"
 #include "trainmem/core/rng.hpp"
 #include "trainmem/core/stochastic_rounding.hpp"
@@ -54,6 +55,7 @@
 #include "trainmem/nn/linear.hpp"
 #include "trainmem/nn/mlp.hpp"
 #include "trainmem/nn/module.hpp"
+#include "trainmem/nn/rms_norm.hpp"
 
 #include "trainmem/optim/adamw.hpp"
 #include "trainmem/optim/clip_grad_norm.hpp"

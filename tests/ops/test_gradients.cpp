@@ -240,6 +240,38 @@ TEST_CASE("activations: relu, gelu (tanh, erf), sigmoid, tanh, exp, log", "[ops]
   }
 }
 
+TEST_CASE("silu: closed form, F64 gradient, NaN propagates, and swiglu = silu(gate) * up", "[ops][grad][activation]") {
+  const auto silu_ref = [](double x) { return x / (1.0 + std::exp(-x)); };
+  SECTION("silu against x / (1 + e^-x) and central differences") {
+    const T x = f64(Shape{4, 6}, 18, -5, 5);
+    auto expected = host(x);
+    for (auto& v : expected) v = silu_ref(v);
+    check_op([](Tape<B>&, const Vars& in) { return silu(in[0]); }, {x}, expected);
+  }
+  SECTION("swiglu against silu(g) u and central differences in both inputs") {
+    const T g = f64(Shape{3, 5}, 19, -4, 4), u = f64(Shape{3, 5}, 20, -2, 2);
+    const auto gv = host(g), uv = host(u);
+    std::vector<double> expected(gv.size());
+    for (std::size_t i = 0; i < gv.size(); ++i) expected[i] = silu_ref(gv[i]) * uv[i];
+    check_op([](Tape<B>&, const Vars& in) { return swiglu(in[0], in[1]); }, {g, u}, expected);
+  }
+  SECTION("f32: values within the fast exp's error; NaN in, NaN out, value and gradient") {
+    const double nan = std::numeric_limits<double>::quiet_NaN();
+    const std::vector<double> xs = {-20.0, -3.0, -0.5, 0.0, 0.25, 2.0, 30.0, nan};
+    Tape<B> tape;
+    const V x = tape.input(T::from_host(Shape{8}, xs, DType::F32), true);
+    const V y = silu(x);
+    const auto got = host(y.value());
+    for (std::size_t i = 0; i + 1 < xs.size(); ++i) {
+      INFO("x = " << xs[i]);
+      CHECK(std::abs(got[i] - silu_ref(xs[i])) <= 1e-6 * (1.0 + std::abs(silu_ref(xs[i]))));
+    }
+    CHECK(std::isnan(got.back()));
+    tape.backward(testing::weighted_sum(tape, y));
+    CHECK(std::isnan(host(x.grad()).back()));
+  }
+}
+
 TEST_CASE("sqrt, rsqrt and pow with integer, fractional, negative and zero exponents", "[ops][grad][power]") {
   struct Power {
     std::string name;

@@ -117,6 +117,14 @@ class Var {
   /// Its tape (null for a parameter); an Error if that tape was cleared or destroyed since.
   Tape<B>* tape() const { return impl().checked_tape("Var::tape"); }
   const std::string& name() const { return impl().name; }
+  /// The single element of a one-element Var (a loss, any shape with numel 1), widened to
+  /// double: `loss.item()`. Downloads it (a device sync on the GPU). An Error names the
+  /// shape when the Var has more or fewer than one element.
+  double item() const {
+    detail::check(numel() == 1, "Var::item: ", name().empty() ? std::string("the Var") : "'" + name() + "'",
+                  " has shape ", shape(), " (", numel(), " elements); item() needs exactly one element");
+    return value().template to_host<double>()[0];
+  }
   VarImpl<B>& impl() const {
     detail::check(impl_ != nullptr, "Var: use of an undefined Var");
     return *impl_;

@@ -42,6 +42,7 @@ TRAINMEM_CPU_UNARY_MAP(Rsqrt)
 TRAINMEM_CPU_UNARY_MAP(Pow)
 TRAINMEM_CPU_UNARY_MAP(GeluTanh)
 TRAINMEM_CPU_UNARY_MAP(GeluErf)
+TRAINMEM_CPU_UNARY_MAP(Silu)
 TRAINMEM_CPU_BINARY_MAP(ReluBackward)
 TRAINMEM_CPU_BINARY_MAP(SigmoidBackward)
 TRAINMEM_CPU_BINARY_MAP(TanhBackward)
@@ -52,6 +53,7 @@ TRAINMEM_CPU_BINARY_MAP(RsqrtBackward)
 TRAINMEM_CPU_BINARY_MAP(PowBackward)
 TRAINMEM_CPU_BINARY_MAP(GeluTanhBackward)
 TRAINMEM_CPU_BINARY_MAP(GeluErfBackward)
+TRAINMEM_CPU_BINARY_MAP(SiluBackward)
 TRAINMEM_CPU_BINARY_MAP(Add)
 TRAINMEM_CPU_BINARY_MAP(Sub)
 TRAINMEM_CPU_BINARY_MAP(Mul)
@@ -71,6 +73,8 @@ TRAINMEM_INSTANTIATE std::vector<float> Tensor<cpu::Backend>::to_host<float>() c
 // Ops.
 TRAINMEM_INSTANTIATE Var<cpu::Backend> relu(const Var<cpu::Backend>&);
 TRAINMEM_INSTANTIATE Var<cpu::Backend> gelu(const Var<cpu::Backend>&, GeluApproximation);
+TRAINMEM_INSTANTIATE Var<cpu::Backend> silu(const Var<cpu::Backend>&);
+TRAINMEM_INSTANTIATE Var<cpu::Backend> swiglu(const Var<cpu::Backend>&, const Var<cpu::Backend>&);
 TRAINMEM_INSTANTIATE Var<cpu::Backend> sigmoid(const Var<cpu::Backend>&);
 TRAINMEM_INSTANTIATE Var<cpu::Backend> tanh(const Var<cpu::Backend>&);
 TRAINMEM_INSTANTIATE Var<cpu::Backend> exp(const Var<cpu::Backend>&);

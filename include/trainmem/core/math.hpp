@@ -290,6 +290,23 @@ struct GeluErfBackward {  // saved: input x
   }
 };
 
+// SiLU (swish), x sigmoid(x): LLaMA's gate. NaN in gives NaN out, value and gradient
+// (exp(NaN) is NaN and every step below keeps it); at x = -inf the product is -inf * 0 = NaN.
+/// SiLU: x / (1 + exp(-x)) as x * sigmoid(x).
+struct Silu {
+  template <class T>
+  TRAINMEM_HOST_DEVICE T operator()(T x) const {
+    return x * (T(1) / (T(1) + exp(-x)));
+  }
+};
+struct SiluBackward {  // saved: input x; d/dx x s(x) = s (1 + x (1 - s))
+  template <class T>
+  TRAINMEM_HOST_DEVICE T operator()(T dy, T x) const {
+    const T s = T(1) / (T(1) + exp(-x));
+    return dy * s * (T(1) + x * (T(1) - s));
+  }
+};
+
 // --- two outputs: (dy, x) -> (dx, y) -------------------------------------------------
 /// GELU's backward and its value in one pass, the tanh once: dx = GeluTanhBackward(dy, x)
 /// and y = GeluTanh(x), bit for bit.

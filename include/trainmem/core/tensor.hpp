@@ -14,6 +14,7 @@
 #include <memory>
 #include <span>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "trainmem/core/dtype.hpp"
@@ -101,10 +102,11 @@ class Tensor {
     return t;
   }
   /// Uploads host values (float or double), converting to `dtype` with round to nearest even.
+  /// Integer values (ids, labels) default to DType::I32 (see the overload below).
   template <class T>
+  requires std::is_floating_point_v<T>
   static Tensor from_host(Shape shape, std::span<const T> values, DType dtype = DType::F32,
                           MemCategory category = MemCategory::Temporary, B& backend = B::default_instance()) {
-    static_assert(std::is_arithmetic_v<T>, "from_host takes float or double values");
     detail::check(static_cast<std::int64_t>(values.size()) == shape.numel(), "Tensor::from_host: shape ", shape,
                   " needs ", shape.numel(), " values, got ", values.size());
     if (dtype == DType::I32) {
@@ -122,8 +124,39 @@ class Tensor {
     return t;
   }
   template <class T>
+  requires std::is_floating_point_v<T>
   static Tensor from_host(Shape shape, const std::vector<T>& values, DType dtype = DType::F32,
                           MemCategory category = MemCategory::Temporary, B& backend = B::default_instance()) {
+    return from_host(std::move(shape), std::span<const T>(values), dtype, category, backend);
+  }
+  /// Uploads integer values (token ids, class labels; std::int32_t, std::int64_t, ...) as
+  /// DType::I32 by default, exactly: no float on the way, so 16777217 stays 16777217. A
+  /// value outside [-2^31, 2^31) is an Error naming it and its index. A floating `dtype`
+  /// converts each value as static_cast would.
+  template <class T>
+  requires std::is_integral_v<T> &&(!std::is_same_v<T, bool>)static Tensor
+      from_host(Shape shape, std::span<const T> values, DType dtype = DType::I32,
+                MemCategory category = MemCategory::Temporary, B& backend = B::default_instance()) {
+    detail::check(static_cast<std::int64_t>(values.size()) == shape.numel(), "Tensor::from_host: shape ", shape,
+                  " needs ", shape.numel(), " values, got ", values.size());
+    if (dtype != DType::I32) {
+      std::vector<double> widened(values.begin(), values.end());
+      return from_host(std::move(shape), std::span<const double>(widened), dtype, category, backend);
+    }
+    std::vector<std::int32_t> narrowed(values.size());
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      detail::check(std::in_range<std::int32_t>(values[i]), "Tensor::from_host: value ", values[i], " at index ", i,
+                    " does not fit in i32 [-2^31, 2^31)");
+      narrowed[i] = static_cast<std::int32_t>(values[i]);
+    }
+    Tensor t = empty(std::move(shape), dtype, category, backend);
+    if (!narrowed.empty()) backend.upload(t.data(), narrowed.data(), t.bytes());
+    return t;
+  }
+  template <class T>
+  requires std::is_integral_v<T> &&(!std::is_same_v<T, bool>)static Tensor
+      from_host(Shape shape, const std::vector<T>& values, DType dtype = DType::I32,
+                MemCategory category = MemCategory::Temporary, B& backend = B::default_instance()) {
     return from_host(std::move(shape), std::span<const T>(values), dtype, category, backend);
   }
 

@@ -9,11 +9,13 @@
 // op, scaled_dot_product_attention, which never stores the [batch*H, T, T] scores; with
 // it, the scores and probabilities are tensors, the activations that checkpointing
 // saves the most on. Submodules (nn::Module): attention "q", "k", "v",
-// "out"; block "ln1", "attn", "ln2", "mlp".
+// "out"; block "ln1", "attn", "ln2", "mlp". Both are built from positional arguments or
+// from options: nn::TransformerBlock<B> block({.dim = 256, .heads = 4, .hidden = 1024}, init).
 #pragma once
 
 #include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "trainmem/nn/layer_norm.hpp"
@@ -34,20 +36,45 @@ enum class Masking {
   Bidirectional,  // every position sees every position (vision transformers)
 };
 
+/// SelfAttention's settings by name; `dim` and `heads` must be given.
+struct SelfAttentionOptions {
+  std::int64_t dim = 0;
+  std::int64_t heads = 0;
+  float dropout = 0.0f;
+  Masking masking = Masking::Causal;
+  DType dtype = DType::F32;
+  std::string name = "attn";  // until a parent's register_module renames it
+};
+
+/// TransformerBlock's settings by name; `dim`, `heads` and `hidden` must be given.
+struct TransformerBlockOptions {
+  std::int64_t dim = 0;
+  std::int64_t heads = 0;
+  std::int64_t hidden = 0;  // the MLP's width
+  float dropout = 0.0f;
+  Masking masking = Masking::Causal;
+  DType dtype = DType::F32;
+  std::string name = "block";  // until a parent's register_module renames it
+};
+
 template <class B>
 class SelfAttention : public Module<B> {
  public:
+  using Options = SelfAttentionOptions;
   SelfAttention(std::int64_t dim, std::int64_t heads, Init& init, float dropout = 0.0f, DType dtype = DType::F32,
                 std::string name = "attn", Masking masking = Masking::Causal)
-      : Module<B>("SelfAttention", name),
-        heads_(heads),
-        dropout_(checked_dropout_probability(dropout, "nn::SelfAttention")),
-        masking_(masking),
-        q_(dim, dim, init, true, dtype, name + ".q"),
-        k_(dim, dim, init, true, dtype, name + ".k"),
-        v_(dim, dim, init, true, dtype, name + ".v"),
-        out_(dim, dim, init, true, dtype, name + ".out") {
-    detail::check(heads > 0 && dim % heads == 0, "nn::SelfAttention: ", heads, " heads do not divide dim ", dim);
+      : SelfAttention(SelfAttentionOptions{dim, heads, dropout, masking, dtype, std::move(name)}, init) {}
+  SelfAttention(const SelfAttentionOptions& o, Init& init)
+      : Module<B>("SelfAttention", o.name),
+        heads_(o.heads),
+        dropout_(checked_dropout_probability(o.dropout, "nn::SelfAttention")),
+        masking_(o.masking),
+        q_(o.dim, o.dim, init, true, o.dtype, o.name + ".q"),
+        k_(o.dim, o.dim, init, true, o.dtype, o.name + ".k"),
+        v_(o.dim, o.dim, init, true, o.dtype, o.name + ".v"),
+        out_(o.dim, o.dim, init, true, o.dtype, o.name + ".out") {
+    detail::check(o.heads > 0 && o.dim % o.heads == 0, "nn::SelfAttention: ", o.heads, " heads do not divide dim ",
+                  o.dim);
     this->register_module("q", q_);
     this->register_module("k", k_);
     this->register_module("v", v_);
@@ -77,14 +104,17 @@ class SelfAttention : public Module<B> {
 template <class B>
 class TransformerBlock : public Module<B> {
  public:
+  using Options = TransformerBlockOptions;
   TransformerBlock(std::int64_t dim, std::int64_t heads, std::int64_t hidden, Init& init, float dropout = 0.0f,
                    DType dtype = DType::F32, std::string name = "block", Masking masking = Masking::Causal)
-      : Module<B>("TransformerBlock", name),
-        dropout_(dropout),
-        ln1_(dim, 1e-5, dtype, name + ".ln1"),
-        ln2_(dim, 1e-5, dtype, name + ".ln2"),
-        attn_(dim, heads, init, dropout, dtype, name + ".attn", masking),
-        mlp_(dim, hidden, init, dtype, name + ".mlp") {
+      : TransformerBlock(TransformerBlockOptions{dim, heads, hidden, dropout, masking, dtype, std::move(name)}, init) {}
+  TransformerBlock(const TransformerBlockOptions& o, Init& init)
+      : Module<B>("TransformerBlock", o.name),
+        dropout_(o.dropout),
+        ln1_(o.dim, 1e-5, o.dtype, o.name + ".ln1"),
+        ln2_(o.dim, 1e-5, o.dtype, o.name + ".ln2"),
+        attn_(o.dim, o.heads, init, o.dropout, o.dtype, o.name + ".attn", o.masking),
+        mlp_(o.dim, o.hidden, init, o.dtype, o.name + ".mlp") {
     this->register_module("ln1", ln1_);
     this->register_module("attn", attn_);
     this->register_module("ln2", ln2_);

@@ -1,15 +1,19 @@
-// trainmem/ops/activation.hpp — relu, gelu (tanh and erf), sigmoid, tanh, exp, log.
+// trainmem/ops/activation.hpp — relu, gelu (tanh and erf), silu, sigmoid, tanh, exp, log;
+// swiglu.
 //
 // One template covers them all: forward applies a math functor, backward applies its
 // backward functor to (dy, saved), where saved is the output for relu, sigmoid, tanh
-// and exp and the input for gelu and log. What to save is part of each op's
-// declaration, in one table below.
+// and exp and the input for gelu, silu and log. What to save is part of each op's
+// declaration, in one table below. swiglu(gate, up) = silu(gate) * up is two of these
+// ops, so it keeps three tensors of gate's size for backward: gate (silu's input), and
+// silu(gate) and up (the product's operands).
 //
 // A NaN input gives a NaN output in each of them, as in PyTorch (relu(NaN) = NaN, not 0),
 // so a diverged forward shows in the loss; relu's gradient at a NaN output is 0
 // (PyTorch's grad * (result > 0)).
 #pragma once
 
+#include "trainmem/ops/elementwise.hpp"
 #include "trainmem/ops/op_helpers.hpp"
 
 namespace trainmem {
@@ -21,6 +25,7 @@ namespace detail {
 inline constexpr OpInfo kReluOp{"relu", OpKind::Elementwise, AutocastCategory::Unchanged};
 inline constexpr OpInfo kGeluTanhOp{"gelu_tanh", OpKind::Elementwise, AutocastCategory::Unchanged};
 inline constexpr OpInfo kGeluErfOp{"gelu_erf", OpKind::Elementwise, AutocastCategory::Unchanged};
+inline constexpr OpInfo kSiluOp{"silu", OpKind::Elementwise, AutocastCategory::Unchanged};
 inline constexpr OpInfo kSigmoidOp{"sigmoid", OpKind::Elementwise, AutocastCategory::Unchanged};
 inline constexpr OpInfo kTanhOp{"tanh", OpKind::Elementwise, AutocastCategory::Unchanged};
 inline constexpr OpInfo kExpOp{"exp", OpKind::Elementwise, AutocastCategory::Fp32};
@@ -58,6 +63,17 @@ Var<B> gelu(const Var<B>& x, GeluApproximation approximation = GeluApproximation
   if (approximation == GeluApproximation::Tanh)
     return detail::activation<math::GeluTanh, math::GeluTanhBackward, detail::Keep::Input>(detail::kGeluTanhOp, x);
   return detail::activation<math::GeluErf, math::GeluErfBackward, detail::Keep::Input>(detail::kGeluErfOp, x);
+}
+/// SiLU (swish): x sigmoid(x). Saves its input; NaN propagates.
+template <class B>
+Var<B> silu(const Var<B>& x) {
+  return detail::activation<math::Silu, math::SiluBackward, detail::Keep::Input>(detail::kSiluOp, x);
+}
+/// SwiGLU's gated product silu(gate) * up (LLaMA's MLP middle); gate and up of one shape
+/// (or up broadcasting as mul allows). Keeps gate, silu(gate) and up for backward.
+template <class B>
+Var<B> swiglu(const Var<B>& gate, const Var<B>& up) {
+  return mul(silu(gate), up);
 }
 template <class B>
 Var<B> sigmoid(const Var<B>& x) {

@@ -170,6 +170,9 @@ TEST_CASE("cuda ops: activations", "[cuda][ops]") {
   check_op("gelu_tanh", x, [](auto&, auto& v) { return tmem::gelu(v[0], tmem::GeluApproximation::Tanh); });
   check_op("gelu_erf", x, [](auto&, auto& v) { return tmem::gelu(v[0], tmem::GeluApproximation::Erf); });
   check_op("sigmoid", x, [](auto&, auto& v) { return tmem::sigmoid(v[0]); });
+  check_op("silu", x, [](auto&, auto& v) { return tmem::silu(v[0]); });
+  check_op("swiglu", {x[0], input(random, Shape{7, 129}, -2.0, 2.0)},
+           [](auto&, auto& v) { return tmem::swiglu(v[0], v[1]); });
   check_op("tanh", x, [](auto&, auto& v) { return tmem::tanh(v[0]); });
   check_op("exp", x, [](auto&, auto& v) { return tmem::exp(v[0]); });
   check_op("log", {input(random, Shape{7, 129}, 0.1, 3.0)}, [](auto&, auto& v) { return tmem::log(v[0]); });
