@@ -163,7 +163,7 @@ void check_op(const OpCase& op, DType input_dtype, DType expected, const char* s
 
 }  // namespace
 
-TEST_CASE("autocast picks each op category's dtype; backward returns grads in each input's dtype", "[amp][autocast]") {
+TEST_CASE("autocast picks each op category's dtype, backward returns grads in each input's dtype", "[amp][autocast]") {
   for (const OpCase& op : op_cases()) {
     {
       tmem::amp::Autocast guard(DType::BF16);
@@ -291,7 +291,7 @@ TEST_CASE("CategoryOverride changes an op's category for its scope, nested and r
   CHECK(run(linear) == DType::BF16);
 }
 
-TEST_CASE("a parameter is cast once per version; an optimizer step invalidates the cast", "[amp][cast_cache]") {
+TEST_CASE("a parameter is cast once per version, an optimizer step invalidates the cast", "[amp][cast_cache]") {
   auto& cache = tmem::amp::CastCache<B>::instance();
   const std::vector<double> w0 = {0.1, 0.2, 0.30000001, -1.0, 1.0 / 3.0, 2.5};
   auto weight = tmem::Var<B>::parameter(tmem::Tensor<B>::from_host(tmem::Shape{2, 3}, w0), "w");

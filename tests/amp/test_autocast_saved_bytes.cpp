@@ -110,7 +110,7 @@ TEST_CASE("norms on a bf16 input write bf16 with f32 math: the f32 norm's values
   }
 }
 
-TEST_CASE("cross_entropy on bf16 logits keeps them in bf16; the gradient is the f32-cast one's", "[amp][saved]") {
+TEST_CASE("cross_entropy on bf16 logits keeps them in bf16, the gradient is the f32-cast one's", "[amp][saved]") {
   const std::int64_t n = 10, c = 24;
   const T logits0 = values(Shape{n, c}, 4, DType::BF16, -3, 3);
   std::vector<double> ids(n);

@@ -247,7 +247,7 @@ std::vector<std::vector<double>> run_sequence(const tmem::amp::GradScalerOptions
 
 }  // namespace
 
-TEST_CASE("without loss scaling FP16 gradients underflow; the scaler keeps them", "[amp][grad_scaler]") {
+TEST_CASE("without loss scaling FP16 gradients underflow, the scaler keeps them", "[amp][grad_scaler]") {
   TinyMlp model;
   auto run = [&](DType autocast_dtype, bool autocast_on, tmem::amp::GradScaler<B>* scaler,
                  tmem::optim::Optimizer<B>* opt) {
@@ -296,7 +296,7 @@ TEST_CASE("scale(loss) multiplies the loss and every gradient by the scale", "[a
   CHECK(w.grad().to_host<double>() == std::vector<double>{1024.0, 2048.0, 3072.0});
 }
 
-TEST_CASE("scale sequence and skip decisions match an independent model; skipped steps change nothing",
+TEST_CASE("scale sequence and skip decisions match an independent model, skipped steps change nothing",
           "[amp][grad_scaler]") {
   SECTION("PyTorch's rule: growth_interval 3, no hysteresis") {
     const tmem::amp::GradScalerOptions options{.growth_interval = 3};

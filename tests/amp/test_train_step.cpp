@@ -147,7 +147,7 @@ TEST_CASE("TrainStep bf16 without master weights: f32 parameters, autocast forwa
   CHECK(bits(helped.params()) == bits(by_hand.params()));
 }
 
-TEST_CASE("TrainStep f16: an inf gradient skips the step and backs the scale off; clean steps grow it",
+TEST_CASE("TrainStep f16: an inf gradient skips the step and backs the scale off, clean steps grow it",
           "[amp][train_step]") {
   constexpr double kInit = 1024.0;
   Model model;

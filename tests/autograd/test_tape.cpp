@@ -363,7 +363,7 @@ TEST_CASE("Matmul-class ops reject mixed operand dtypes outside autocast", "[aut
   CHECK(linear(a, w).dtype() == DType::BF16);  // under autocast both are cast to bf16
 }
 
-TEST_CASE("a backward that fails part way marks the gradients it reached; optimizers refuse them until zero_grad",
+TEST_CASE("a backward that fails part way marks the gradients it reached, optimizers refuse them until zero_grad",
           "[autograd][errors]") {
   B be;
   const auto w1 = Var<B>::parameter(testing::random_tensor(Shape{3, 3}, 21, -1, 1, DType::F64, be), "w1");

@@ -220,7 +220,7 @@ TEST_CASE("saved-activation bytes match the closed form for plain, every-block a
   }
 }
 
-TEST_CASE("OFFLOAD on the CPU keeps the tensors as SAVE does; a budget turns PREFER_SAVE into recompute",
+TEST_CASE("OFFLOAD on the CPU keeps the tensors as SAVE does, a budget turns PREFER_SAVE into recompute",
           "[checkpoint][policy]") {
   Chain chain(3, 8, 16, 0.0f);
   const auto reference = gradients(chain, run_plain, 4, 8);
@@ -266,7 +266,7 @@ TEST_CASE("checkpoint_name with save_names keeps the named tensor and skips its 
   CHECK(checkpoint_stats().ops_reused == reused_before + 1);  // `up` was not recomputed
 }
 
-TEST_CASE("retain_graph lets a checkpointed graph run backward twice; without it the second throws",
+TEST_CASE("retain_graph lets a checkpointed graph run backward twice, without it the second throws",
           "[checkpoint][errors]") {
   Chain chain(2, 8, 16, 0.0f);
   auto once = gradients(chain, each_block(), 4, 8);

@@ -351,7 +351,7 @@ TEST_CASE("under bf16 autocast a plan predicts its peaks within 2% and its gradi
   CHECK(gradients(stack, ChainRunner<B>(stack.stages, {{0, n, StageMode::Keep}})) != reference);
 }
 
-TEST_CASE("on the CPU Offload is never measured nor planned; an Offload region keeps as plain stages do",
+TEST_CASE("on the CPU Offload is never measured nor planned, an Offload region keeps as plain stages do",
           "[checkpoint][planner]") {
   examples::ResidualMlpChain<B> chain(8, 16, 64, 32);
   Planner<B> planner(chain.stages, [&chain](const ChainRunner<B>& run) { chain.step(run); }, {1, {}});

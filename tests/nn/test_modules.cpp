@@ -214,7 +214,7 @@ TEST_CASE("TransformerBlock: output shape and forward against a plain-loop refer
   }
 }
 
-TEST_CASE("TransformerBlock: causal — a later position changes no earlier output; bidirectional — every output",
+TEST_CASE("TransformerBlock: causal — a later position changes no earlier output, bidirectional — every output",
           "[nn][transformer]") {
   const auto masking = GENERATE(nn::Masking::Causal, nn::Masking::Bidirectional);
   const bool causal = masking == nn::Masking::Causal;

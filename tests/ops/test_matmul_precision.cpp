@@ -87,7 +87,7 @@ TEST_CASE("matmul in f32/bf16/f16 storage matches F64 with FP32 accumulation", "
   CHECK(e.normwise <= normwise_tolerance(dtype));
 }
 
-TEST_CASE("a 16-bit GEMM holds its widening workspace only while it runs; an f32 GEMM needs none", "[ops][matmul]") {
+TEST_CASE("a 16-bit GEMM holds its widening workspace only while it runs, an f32 GEMM needs none", "[ops][matmul]") {
   // The Eigen path's workspaces (oneDNN's path takes none but its own scratchpad).
   struct Restore {
     cpu::GemmPath before = cpu::forced_gemm_path();

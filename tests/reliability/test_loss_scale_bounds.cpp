@@ -85,7 +85,7 @@ TEST_CASE("loss scale: a loaded scale outside f32's normal range is an error", "
   CHECK(scaler.get_scale() == 65536.0);
 }
 
-TEST_CASE("loss scale: 200 overflows in a row floor at the smallest normal f32; the next clean step is finite",
+TEST_CASE("loss scale: 200 overflows in a row floor at the smallest normal f32, the next clean step is finite",
           "[reliability][scaler]") {
   OneLayer m;
   tmem::amp::GradScaler<B> scaler(DType::F16, {}, m.backend);

@@ -159,7 +159,7 @@ TEST_CASE("save under a file-size limit (ulimit -f) throws 'File too large' and 
   std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("save writes through a symlink to its target; the link stays a link", "[state][file][safety]") {
+TEST_CASE("save writes through a symlink to its target, the link stays a link", "[state][file][safety]") {
   const auto dir = safety_dir("symlink");
   const auto elsewhere = safety_dir("symlink_target");
   const tmem::StateDict first = safety_dict(8, 1), second = safety_dict(8, 2), third = safety_dict(8, 3);

@@ -281,7 +281,7 @@ TEST_CASE("every CPU GEMM path gives C = beta C + bias for k = 0", "[backend][cp
   CHECK(outside == 0);
 }
 
-TEST_CASE("TRAINMEM_CPU_GEMM names a path; the 16-bit rule follows the core, the F32 rule the shape",
+TEST_CASE("TRAINMEM_CPU_GEMM names a path, the 16-bit rule follows the core, the F32 rule the shape",
           "[backend][cpu][gemm]") {
   GemmArgs g;
   g.m = g.n = g.k = 64;
