@@ -88,7 +88,7 @@ TEST_CASE("row math: cross-entropy backward is dloss / rows * (softmax - onehot)
   }
 }
 
-TEST_CASE("rng: a draw maps to [0, 1) by its top 24 bits", "[backend][contract][rng]") {
+TEST_CASE("rng: a draw maps to 0 <= u < 1 by its top 24 bits", "[backend][contract][rng]") {
   CHECK(tmem::detail::uniform_from_bits(0u) == 0.0f);
   CHECK(tmem::detail::uniform_from_bits(0xffffffffu) == 1.0f - 1.0f / 16777216.0f);
   CHECK(tmem::detail::uniform_from_bits(0x80000000u) == 0.5f);

@@ -178,7 +178,7 @@ TEST_CASE("nn::Embedding is N(0, stddev), nn::LayerNorm starts as ones and zeros
     CHECK_THROWS_WITH(nn::LayerNorm<B>(5, eps), Catch::Contains("nn::LayerNorm: eps must be positive"));
 }
 
-TEST_CASE("a dropout probability outside [0, 1) is refused when attention is built", "[nn][transformer]") {
+TEST_CASE("a dropout probability outside 0 <= p < 1 is refused when attention is built", "[nn][transformer]") {
   nn::Init init(3);
   for (const float p : {1.5f, 1.0f, -0.1f, std::nanf("")}) {
     CHECK_THROWS_WITH(nn::SelfAttention<B>(8, 2, init, p),
