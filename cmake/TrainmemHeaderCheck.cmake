@@ -6,7 +6,7 @@
 # (only the front end's verdict matters), and the CTest case header_self_contained
 # rebuilds it. With CUDA, the .cuh headers and trainmem/cuda.hpp get the same check
 # as .cu TUs through nvcc's front ends (trainmem_header_check_cuda, a dependency of the first), and
-# trainmem/dist/mpi.hpp only where MPI was found (dist/nccl.cuh where NCCL was).
+# trainmem/distributed/mpi.hpp only where MPI was found (distributed/nccl.cuh where NCCL was).
 include_guard(GLOBAL)
 
 # Writes one TU per header in `headers` (absolute paths under include/) into `out_dir`
@@ -32,9 +32,9 @@ function(trainmem_add_header_check)
   file(GLOB_RECURSE hpp_headers CONFIGURE_DEPENDS "${include_root}/*.hpp")
   # cuda.hpp reaches the .cuh headers, so only nvcc compiles it.
   list(REMOVE_ITEM hpp_headers "${include_root}/cuda.hpp")
-  # dist/mpi.hpp includes <mpi.h>: checked only where MPI was found.
+  # distributed/mpi.hpp includes <mpi.h>: checked only where MPI was found.
   if(NOT TARGET trainmem::mpi)
-    list(REMOVE_ITEM hpp_headers "${include_root}/dist/mpi.hpp")
+    list(REMOVE_ITEM hpp_headers "${include_root}/distributed/mpi.hpp")
   endif()
   list(SORT hpp_headers)
   _trainmem_header_tus(cxx_tus "${out_dir}/cxx" ".cpp" ${hpp_headers})
@@ -52,7 +52,7 @@ function(trainmem_add_header_check)
       list(APPEND cuda_headers "${include_root}/cuda.hpp")
     endif()
     if(TARGET trainmem::nccl)
-      list(APPEND cuda_headers "${include_root}/dist/nccl.cuh")
+      list(APPEND cuda_headers "${include_root}/distributed/nccl.cuh")
     endif()
     if(cuda_headers)
       list(SORT cuda_headers)

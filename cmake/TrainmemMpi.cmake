@@ -2,8 +2,8 @@
 #
 # With TRAINMEM_MPI ON (the default) and an MPI found (Debian: libopenmpi-dev), this
 # defines the INTERFACE target trainmem::mpi: trainmem::trainmem plus MPI::MPI_CXX and
-# TRAINMEM_WITH_MPI=1. Only programs that include trainmem/dist/mpi.hpp link it; the
-# library itself needs nothing beyond Eigen, and everything in trainmem/dist/ except
+# TRAINMEM_WITH_MPI=1. Only programs that include trainmem/distributed/mpi.hpp link it; the
+# library itself needs nothing beyond Eigen, and everything in trainmem/distributed/ except
 # mpi.hpp works without MPI (a single-process communicator). Sets TRAINMEM_WITH_MPI
 # (ON/OFF) and, when found, TRAINMEM_MPIEXEC (mpirun) for the tests.
 include_guard(GLOBAL)

@@ -3,7 +3,7 @@
 # With CUDA enabled and NCCL's header and library found (the CUDA toolkit's own copy, or
 # Debian's libnccl-dev), this defines the INTERFACE target trainmem::nccl:
 # trainmem::cuda plus libnccl and TRAINMEM_WITH_NCCL=1, for programs that include
-# trainmem/dist/nccl.cuh. Sets TRAINMEM_WITH_NCCL (ON/OFF).
+# trainmem/distributed/nccl.cuh. Sets TRAINMEM_WITH_NCCL (ON/OFF).
 include_guard(GLOBAL)
 
 set(TRAINMEM_WITH_NCCL OFF)

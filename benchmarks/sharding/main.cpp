@@ -25,8 +25,8 @@
 #include <string>
 #include <vector>
 
-#include "trainmem/dist/mpi.hpp"
-#include "trainmem/dist/zero.hpp"
+#include "trainmem/distributed/mpi.hpp"
+#include "trainmem/distributed/zero.hpp"
 #include "trainmem/trainmem.hpp"
 
 namespace tmem = trainmem;

@@ -54,7 +54,7 @@
 #include "fashion_mnist/sharded_step.hpp"
 
 #ifdef TRAINMEM_WITH_MPI
-#include "trainmem/dist/mpi.hpp"
+#include "trainmem/distributed/mpi.hpp"
 #endif
 
 namespace {

@@ -21,8 +21,8 @@
 #include <vector>
 
 #include "common/training.hpp"
-#include "trainmem/dist/data_parallel.hpp"
-#include "trainmem/dist/zero.hpp"
+#include "trainmem/distributed/data_parallel.hpp"
+#include "trainmem/distributed/zero.hpp"
 #include "trainmem/trainmem.hpp"
 
 namespace examples {

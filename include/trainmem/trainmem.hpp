@@ -21,7 +21,7 @@
 #include "trainmem/autograd/parameter_list.hpp"
 #include "trainmem/autograd/tape.hpp"
 
-#include "trainmem/ops/op_info.hpp"
+#include "trainmem/autocast/op_info.hpp"
 #include "trainmem/ops/op_recorder.hpp"
 
 #include "trainmem/ops/activation.hpp"
@@ -41,12 +41,12 @@
 #include "trainmem/ops/slice_concat.hpp"
 #include "trainmem/ops/softmax.hpp"
 
-#include "trainmem/amp/autocast.hpp"
-#include "trainmem/amp/cast_cache.hpp"
 #include "trainmem/amp/grad_scaler.hpp"
 #include "trainmem/amp/master_weights.hpp"
 #include "trainmem/amp/narrowing.hpp"
 #include "trainmem/amp/train_step.hpp"
+#include "trainmem/autocast/autocast.hpp"
+#include "trainmem/autocast/cast_cache.hpp"
 
 #include "trainmem/nn/attention.hpp"
 #include "trainmem/nn/embedding.hpp"
@@ -62,10 +62,10 @@
 #include "trainmem/optim/lr_schedule.hpp"
 #include "trainmem/optim/sgd.hpp"
 
+#include "trainmem/checkpoint/detail/replay_state.hpp"
 #include "trainmem/checkpoint/planner.hpp"
 #include "trainmem/checkpoint/policy.hpp"
 #include "trainmem/checkpoint/region.hpp"
-#include "trainmem/checkpoint/replay_state.hpp"
 #include "trainmem/checkpoint/sequential.hpp"
 
 #include "trainmem/state/checksum.hpp"

@@ -9,9 +9,9 @@
 #include <cmath>
 #include <vector>
 
-#include <trainmem/amp/autocast.hpp>
 #include <trainmem/amp/grad_scaler.hpp>
 #include <trainmem/amp/master_weights.hpp>
+#include <trainmem/autocast/autocast.hpp>
 #include <trainmem/optim/clip_grad_norm.hpp>
 #include <trainmem/optim/sgd.hpp>
 #include <trainmem/trainmem.hpp>

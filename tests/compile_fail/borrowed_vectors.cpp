@@ -9,7 +9,7 @@
 // with TRAINMEM_BORROW_CASE 0, every call with lvalues: that must compile, so a failure
 // above is the temporary's and nothing else's.
 #include <trainmem/checkpoint/planner.hpp>
-#include <trainmem/dist/grad_buckets.hpp>
+#include <trainmem/distributed/grad_buckets.hpp>
 #include <trainmem/trainmem.hpp>
 
 #include <vector>

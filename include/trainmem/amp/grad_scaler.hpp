@@ -27,13 +27,16 @@
 // for inf/NaN with the gradients and so skips).
 #pragma once
 
+#include <map>
 #include <span>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "trainmem/amp/grad_scaler_state.hpp"
 #include "trainmem/ops/elementwise.hpp"
 #include "trainmem/optim/optimizer.hpp"
+#include "trainmem/state/state_dict.hpp"
 
 namespace trainmem::amp {
 
@@ -278,5 +281,40 @@ class GradScaler {
   Tensor<B> scale_, growth_tracker_, hysteresis_left_, one_;
   std::unordered_map<std::uint64_t, Record> records_;  // by Optimizer::id()
 };
+
+// --- the scaler's state as a StateDict: its GradScalerState keys, as f64 scalars.
+// state/stateful.hpp's state_of / check_state / load_state find these by argument-dependent lookup.
+
+template <class B>
+StateDict trainmem_state_of(const GradScaler<B>& scaler) {
+  StateDict out;
+  for (const auto& [key, value] : scaler.state().to_map()) out.set_f64(key, value);
+  return out;
+}
+
+/// The GradScalerState a StateDict holds, after checking its entries against the scaler's keys.
+template <class B>
+GradScalerState grad_scaler_state_from(const GradScaler<B>& scaler, const StateDict& state) {
+  std::map<std::string, ExpectedEntry> expected;
+  for (const auto& [key, value] : scaler.state().to_map()) expected[key] = {StateType::F64, Shape{}};
+  check_layout(state, expected, "amp::GradScaler load_state");
+  std::map<std::string, double> values;
+  for (const auto& [key, entry] : expected) values[key] = state.get_f64(key);
+  return GradScalerState::from_map(values);
+}
+
+/// Runs every check GradScaler::load_state makes, on a scratch scaler, so the user's is untouched.
+template <class B>
+void trainmem_check_state(const GradScaler<B>& scaler, const StateDict& state) {
+  const GradScalerState saved = grad_scaler_state_from(scaler, state);
+  if (!scaler.is_enabled()) return;  // a disabled scaler ignores loads
+  GradScaler<B> scratch(DType::F16, scaler.options(), scaler.scale_tensor().backend());
+  scratch.load_state(saved);
+}
+template <class B>
+void trainmem_load_state(GradScaler<B>& scaler, const StateDict& state) {
+  trainmem_check_state(scaler, state);
+  scaler.load_state(grad_scaler_state_from(scaler, state));
+}
 
 }  // namespace trainmem::amp

@@ -29,9 +29,9 @@
 #include <utility>
 #include <vector>
 
-#include "trainmem/amp/autocast.hpp"
 #include "trainmem/amp/grad_scaler.hpp"
 #include "trainmem/amp/master_weights.hpp"
+#include "trainmem/autocast/autocast.hpp"
 #include "trainmem/optim/optimizer.hpp"
 
 namespace trainmem::amp {

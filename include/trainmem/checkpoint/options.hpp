@@ -11,10 +11,17 @@
 #include <cstdint>
 #include <limits>
 
-#include "trainmem/checkpoint/determinism.hpp"
 #include "trainmem/checkpoint/policy.hpp"
 
 namespace trainmem {
+
+/// How much of a recompute is compared with its forward.
+enum class DeterminismCheck : std::uint8_t {
+  Metadata,     // count, op, shape and dtype of every saved tensor (always on)
+  Fingerprint,  // ... and a backend fingerprint of every byte of each recomputed tensor, on the device (default)
+  Checksum,     // ... and a 64-bit FNV-1a hash of the bytes, copied to the host
+  Bitwise,      // ... and the bytes themselves (keeps a host copy: a debugging aid)
+};
 
 struct CheckpointOptions {
   Policy policy = policy::recompute_all();

@@ -5,14 +5,15 @@
 // forward, the region's save hook turns what its ops save for backward into placeholders
 // (keeping only its inputs and what its policy says to keep), and the first unpack of a
 // placeholder in backward runs fn again to bring the dropped tensors back. The pieces,
-// one header each:
+// one header each, in checkpoint/detail/:
 //  - frame.hpp          the region itself: owns the forward's record and runs recompute;
 //  - forward_hook.hpp   the hook fn's forward runs under (NOTE [Region forward]);
 //  - keep_decision.hpp  policy + memory budget + offload, applied to each op's outputs;
 //  - replay_hook.hpp    the hook pushed only during recompute (NOTE [Region recompute]);
 //  - determinism.hpp    the replay state and saves a recompute must reproduce: op, shape
-//                       and dtype of every save are compared (CheckpointError otherwise),
-//                       values on request.
+//                       and dtype of every save are always compared, and by default
+//                       (DeterminismCheck::Fingerprint, options.hpp) a fingerprint of
+//                       every byte of each recomputed tensor too (CheckpointError otherwise).
 // checkpoint_name reaches the region through the SaveHook interface: any other hook
 // ignores names.
 #pragma once
@@ -24,7 +25,7 @@
 #include <utility>
 #include <vector>
 
-#include "trainmem/checkpoint/frame.hpp"
+#include "trainmem/checkpoint/detail/frame.hpp"
 #include "trainmem/checkpoint/options.hpp"
 #include "trainmem/checkpoint/policy.hpp"
 

@@ -34,6 +34,7 @@
 #include "trainmem/core/rng.hpp"
 #include "trainmem/core/stochastic_rounding.hpp"
 #include "trainmem/core/tensor.hpp"
+#include "trainmem/core/update_rules.hpp"
 #include "trainmem/error.hpp"
 
 namespace trainmem {

@@ -31,8 +31,8 @@
 #include <utility>
 #include <vector>
 
-#include "trainmem/amp/autocast.hpp"
-#include "trainmem/amp/cast_cache.hpp"
+#include "trainmem/autocast/autocast.hpp"
+#include "trainmem/autocast/cast_cache.hpp"
 #include "trainmem/autograd/tape.hpp"
 
 namespace trainmem {

@@ -13,7 +13,7 @@
 #include <string>
 #include <utility>
 
-#include "trainmem/core/math.hpp"
+#include "trainmem/core/update_rules.hpp"
 #include "trainmem/optim/optimizer.hpp"
 
 namespace trainmem {
@@ -24,7 +24,7 @@ struct AdamWPoweredUpdate {
   math::AdamWUpdate update;
   const double* powers;  // after this step's advance
   /// f(the AdamWUpdate of this step), its corrections read once: a loop over a tensor
-  /// asks once (NOTE [Update flags fixed for the loop] in core/math.hpp).
+  /// asks once (NOTE [Update flags fixed for the loop] in core/update_rules.hpp).
   template <class F>
   TRAINMEM_HOST_DEVICE void visit_fixed(F&& f) const {
     math::AdamWUpdate u = update;

@@ -18,12 +18,9 @@
 // summed, and then nothing advances. Only the host counters `steps()` and `entry.steps` count
 // launched passes, including those a device-side skip cancelled.
 //
-// `state()` / `load_state()` carry all of it across a restart, keyed by parameter name:
-// the moments, the device step state (bias corrections), the step counts, the
-// stochastic-rounding stream and the options. Masters are MasterWeights' state.
-// `load_state` checks the values too, before it changes anything: step counts in range,
-// finite moments, and each optimizer's own rules (check_param_values: AdamW's v >= 0 and
-// powers in [0, 1], SGD's whole count of applied steps).
+// `state()` / `load_state()` carry all of it across a restart, keyed by parameter name,
+// checked before anything changes: optim/optimizer_state.hpp (included at the end of this
+// header). Masters are MasterWeights' state.
 //
 // A 16-bit model copy that an update made inf (its master finite but beyond f16's 65504)
 // is a CopyOverflowError: at the end of the step on the CPU, at the next host wait on a
@@ -62,58 +59,13 @@
 #include "trainmem/autograd/grad_mode.hpp"
 #include "trainmem/autograd/parameter_list.hpp"
 #include "trainmem/autograd/var.hpp"
-#include "trainmem/core/math.hpp"
 #include "trainmem/core/rng.hpp"
 #include "trainmem/core/stochastic_rounding.hpp"
+#include "trainmem/core/update_rules.hpp"
 #include "trainmem/error.hpp"
-#include "trainmem/state/state_dict.hpp"
+#include "trainmem/state/state_dict.hpp"  // StateDict, in the declarations of state() and load_state()
 
 namespace trainmem {
-
-namespace detail {
-/// An update whose gradient is first divided by a device scalar (the loss scale).
-template <class Update>
-struct DivideGrad {
-  Update update;
-  const float* divisor;
-
-  /// U (an update with its run-time choices fixed) with the divisor read. It has the
-  /// halves of a rule written around a square root where U has them (NOTE [Square roots
-  /// a block at a time] in core/math.hpp), so the pass vectorises under a loss scale too.
-  template <class U>
-  struct Fixed {
-    U update;
-    float divisor;
-    template <class T>
-    TRAINMEM_HOST_DEVICE void operator()(T& p, T g, T& first_moment, T& second_moment) const {
-      update(p, g / static_cast<T>(divisor), first_moment, second_moment);
-    }
-    template <class T>
-    requires requires(const U& u, T& x) { u.moments(x, x, x, x); }
-    TRAINMEM_HOST_DEVICE T moments(T& p, T g, T& first_moment, T& second_moment) const {
-      return update.moments(p, g / static_cast<T>(divisor), first_moment, second_moment);
-    }
-    template <class T>
-    requires requires(const U& u, T& x) { u.finish(x, x, x); }
-    TRAINMEM_HOST_DEVICE void finish(T& p, T first_moment, T root) const { update.finish(p, first_moment, root); }
-  };
-
-  /// f(Fixed<...>) with the divisor read once and the update's own choices fixed, for a
-  /// loop over a tensor on the host (NOTE [Update flags fixed for the loop] in core/math.hpp).
-  template <class F>
-  void visit_fixed(F&& f) const {
-    const float d = *divisor;
-    if constexpr (requires { update.visit_fixed([](const auto&) {}); })
-      update.visit_fixed([&](const auto& u) { f(Fixed<std::decay_t<decltype(u)>>{u, d}); });
-    else f(Fixed<Update>{update, d});
-  }
-
-  template <class T>
-  TRAINMEM_HOST_DEVICE void operator()(T& p, T g, T& first_moment, T& second_moment) const {
-    update(p, g / static_cast<T>(*divisor), first_moment, second_moment);
-  }
-};
-}  // namespace detail
 
 namespace optim {
 
@@ -227,92 +179,13 @@ class Optimizer {
   /// Everything a resumed run needs from this optimizer, keyed by parameter name
   /// ("params.<name>.first_moment", ".second_moment", ".step_state", ".steps"), plus
   /// "steps", "copy_rounding.*" and "options.*". The parameters' names must be unique.
-  StateDict state() const {
-    names_or_throw("state");
-    StateDict out;
-    out.set_i64("steps", steps_);
-    out.set_i64("copy_rounding.mode", static_cast<std::int64_t>(rounding_mode_));
-    out.set_u64("copy_rounding.seed", rounding_rng_.state().seed);
-    out.set_u64("copy_rounding.offset", rounding_rng_.state().offset);
-    for (const auto& [key, value] : options_map()) out.set_f64("options." + key, value);
-    for (const auto& e : entries_) {
-      const std::string p = "params." + e.param.name() + ".";
-      out.set_i64(p + "steps", e.steps);
-      if (e.first_moment.defined()) out.set(p + moment_names()[0], e.first_moment);
-      if (e.second_moment.defined()) out.set(p + moment_names()[1], e.second_moment);
-      if (e.step_state.defined()) out.set(p + "step_state", e.step_state);
-    }
-    return out;
-  }
-  /// Throws (naming every missing or extra entry, shape and dtype, and every value no run
-  /// can leave: step counts out of range, non-finite moments, the derived optimizer's
-  /// own rules) unless `state` fits these parameters and holds valid options; modifies nothing.
-  void check_state(const StateDict& state) const {
-    names_or_throw("load_state");
-    std::map<std::string, ExpectedEntry> expected = {{"steps", {StateType::I64, Shape{}}},
-                                                     {"copy_rounding.mode", {StateType::I64, Shape{}}},
-                                                     {"copy_rounding.seed", {StateType::U64, Shape{}}},
-                                                     {"copy_rounding.offset", {StateType::U64, Shape{}}}};
-    for (const auto& [key, value] : options_map()) expected["options." + key] = {StateType::F64, Shape{}};
-    for (const auto& e : entries_) {
-      const std::string p = "params." + e.param.name() + ".";
-      const Tensor<B>& target = e.master.defined() ? e.master : e.param.value();
-      expected[p + "steps"] = {StateType::I64, Shape{}};
-      // A parameter's states are made together at its first step: all of them or none.
-      const std::array<std::string, 3> keys = {p + moment_names()[0], p + moment_names()[1], p + "step_state"};
-      const std::array<bool, 3> kept = kept_states();
-      const bool any =
-          std::ranges::any_of(std::array{0, 1, 2}, [&](int k) { return kept[k] && state.contains(keys[k]); });
-      for (int k = 0; k < 3; ++k) {
-        if (!kept[k] || !any) continue;
-        detail::check(state.contains(keys[k]), "optimizer::load_state: '", keys[k],
-                      "' is missing; a parameter's states are saved together (all or none)");
-        expected[keys[k]] = k < 2 ? ExpectedEntry{state_type_of(target.dtype()), target.shape()}
-                                  : ExpectedEntry{StateType::F64, Shape{step_state_size()}};
-      }
-    }
-    check_layout(state, expected, "optimizer::load_state");
-    // The values, as a run leaves them: counts in range, finite moments, and what the
-    // derived optimizer's states must hold (check_param_values).
-    const std::int64_t steps = state.get_i64("steps");
-    detail::check(steps >= 0, "optimizer::load_state: steps must be >= 0, got ", steps);
-    for (const auto& e : entries_) {
-      const std::string p = "params." + e.param.name() + ".";
-      const std::int64_t param_steps = state.get_i64(p + "steps");
-      detail::check(param_steps >= 0 && param_steps <= steps, "optimizer::load_state: '", p, "steps' is ", param_steps,
-                    "; a parameter's steps are in [0, steps = ", steps,
-                    "] (it counts the optimizer's steps that updated it); nothing was loaded");
-      const auto finite = [](double v) { return std::isfinite(v); };
-      for (const char* moment : moment_names())
-        check_values(state, p + moment, finite, "finite", "optimizer::load_state");
-      check_param_values(state, p, param_steps);
-    }
-    detail::check(state.get_u64("copy_rounding.offset") % 4 == 0, "optimizer::load_state: copy_rounding.offset ",
-                  state.get_u64("copy_rounding.offset"),
-                  " is not a multiple of 4 (streams start at whole Philox blocks)");
-    const std::int64_t mode = state.get_i64("copy_rounding.mode");
-    detail::check(mode == static_cast<std::int64_t>(RoundingMode::NearestEven) ||
-                      mode == static_cast<std::int64_t>(RoundingMode::Stochastic),
-                  "optimizer::load_state: copy_rounding.mode ", mode, " is not a rounding mode");
-    check_options_map(options_from(state));
-  }
+  /// Defined in optim/optimizer_state.hpp, as are check_state and load_state.
+  StateDict state() const;
+  /// Throws (naming the entry) unless `state` fits these parameters and holds valid values; modifies nothing.
+  void check_state(const StateDict& state) const;
   /// Restores a state() (after check_state: on error nothing changes). Moments absent
   /// from the state are dropped, as for a parameter never stepped.
-  void load_state(const StateDict& state) {
-    check_state(state);
-    for (auto& e : entries_) {
-      const std::string p = "params." + e.param.name() + ".";
-      const Tensor<B>& target = e.master.defined() ? e.master : e.param.value();
-      load_tensor(state, p + moment_names()[0], e.first_moment, target);
-      load_tensor(state, p + moment_names()[1], e.second_moment, target);
-      load_tensor(state, p + "step_state", e.step_state, target);
-      e.steps = state.get_i64(p + "steps");
-    }
-    steps_ = state.get_i64("steps");
-    rounding_mode_ = static_cast<RoundingMode>(state.get_i64("copy_rounding.mode"));
-    rounding_rng_.set_state({state.get_u64("copy_rounding.seed"), state.get_u64("copy_rounding.offset")});
-    load_options_map(options_from(state));
-  }
+  void load_state(const StateDict& state);
 
   /// One update of every parameter with a gradient; grads are multiplied by grad_scale first.
   void step(double grad_scale = 1.0) {
@@ -393,33 +266,10 @@ class Optimizer {
                   " must be an f32 scalar, got ", t.shape(), " ", t.dtype());
   }
 
-  /// Throws unless every parameter has a non-empty name no other one has (state keys).
-  void names_or_throw(const char* who) const {
-    std::set<std::string> seen;
-    for (const auto& e : entries_) {
-      detail::check(!e.param.name().empty(), "optimizer::", who, ": a parameter ", e.param.shape(),
-                    " has no name; state is keyed by name (register parameters in an nn::Module)");
-      detail::check(seen.insert(e.param.name()).second, "optimizer::", who, ": two parameters are named '",
-                    e.param.name(), "'; state is keyed by name (nn::Module gives unique hierarchical names)");
-    }
-  }
-  std::map<std::string, double> options_from(const StateDict& state) const {
-    std::map<std::string, double> options;
-    for (const auto& [key, value] : options_map()) options[key] = state.get_f64("options." + key);
-    return options;
-  }
-  /// Copies entry `name` into `tensor` (allocated like the entry when absent or of
-  /// another shape); drops `tensor` when the state has no such entry.
-  static void load_tensor(const StateDict& state, const std::string& name, Tensor<B>& tensor, const Tensor<B>& like) {
-    if (!state.contains(name)) {
-      tensor = Tensor<B>();
-      return;
-    }
-    const StateEntry& entry = state.at(name);
-    if (tensor.defined() && tensor.shape() == entry.shape && state_type_of(tensor.dtype()) == entry.type)
-      entry.copy_to(tensor);
-    else tensor = entry.to_tensor(MemCategory::OptimizerState, like.backend());
-  }
+  // Save/load helpers (optim/optimizer_state.hpp).
+  void names_or_throw(const char* who) const;
+  std::map<std::string, double> options_from(const StateDict& state) const;
+  static void load_tensor(const StateDict& state, const std::string& name, Tensor<B>& tensor, const Tensor<B>& like);
 
   void run_step(double grad_scale, const StepControl<B>& control) {
     NoGradGuard no_grad;
@@ -513,3 +363,5 @@ class Optimizer {
 
 }  // namespace optim
 }  // namespace trainmem
+
+#include "trainmem/optim/optimizer_state.hpp"  // state(), check_state(), load_state()

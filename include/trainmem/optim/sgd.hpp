@@ -12,7 +12,7 @@
 #include <map>
 #include <string>
 
-#include "trainmem/core/math.hpp"
+#include "trainmem/core/update_rules.hpp"
 #include "trainmem/optim/optimizer.hpp"
 
 namespace trainmem {

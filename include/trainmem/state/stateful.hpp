@@ -3,17 +3,19 @@
 // `state_of(x)` returns x's StateDict, `check_state(x, dict)` throws unless dict fits x
 // (changing nothing) and `load_state(x, dict)` checks, then copies. They cover tensors
 // and Vars (the entry "" holds the value), Generators and a Tape's random stream
-// ("seed", "offset"), GradScalers (the GradScalerState keys, as f64 scalars), and every
-// class with `state()` / `check_state()` / `load_state()` members: nn::Module and its
-// subclasses, optimizers, amp::MasterWeights; and a StateDict of the caller's own
-// (the data order: epoch, position, sampler seed), which is saved and loaded as it is.
+// ("seed", "offset"), every class with `state()` / `check_state()` / `load_state()`
+// members (nn::Module and its subclasses, optimizers, amp::MasterWeights), and a
+// StateDict of the caller's own (the data order: epoch, position, sampler seed), which is
+// saved and loaded as it is.
+//
+// A type whose `state()` means something else (amp::GradScaler's is its GradScalerState)
+// joins through three free functions in its own namespace, found by argument-dependent
+// lookup: `trainmem_state_of(const T&)`, `trainmem_check_state(const T&, const StateDict&)`
+// and `trainmem_load_state(T&, const StateDict&)`. So this header knows no layer above it.
 #pragma once
 
 #include <concepts>
-#include <map>
-#include <string>
 
-#include "trainmem/amp/grad_scaler.hpp"
 #include "trainmem/autograd/tape.hpp"
 #include "trainmem/autograd/var.hpp"
 #include "trainmem/core/rng.hpp"
@@ -41,6 +43,27 @@ void check_state(const T& object, const StateDict& state) {
 template <HasStateDict T>
 void load_state(T& object, const StateDict& state) {
   object.load_state(state);
+}
+
+// --- a type that describes its state with free functions in its own namespace -----------
+template <class T>
+concept HasStateFunctions = requires(const T& c, T& m, const StateDict& s) {
+  { trainmem_state_of(c) } -> std::same_as<StateDict>;
+  trainmem_check_state(c, s);
+  trainmem_load_state(m, s);
+};
+
+template <HasStateFunctions T>
+StateDict state_of(const T& object) {
+  return trainmem_state_of(object);
+}
+template <HasStateFunctions T>
+void check_state(const T& object, const StateDict& state) {
+  trainmem_check_state(object, state);
+}
+template <HasStateFunctions T>
+void load_state(T& object, const StateDict& state) {
+  trainmem_load_state(object, state);
 }
 
 // --- a StateDict of the caller's own (data order, epoch, anything else to resume) --------
@@ -109,40 +132,6 @@ void check_state(const Tape<B>& tape, const StateDict& state) {
 template <class B>
 void load_state(Tape<B>& tape, const StateDict& state) {
   load_state(tape.rng(), state);
-}
-
-// --- the loss scaler: GradScalerState, validated by GradScaler::load_state itself ----------
-template <class B>
-StateDict state_of(const amp::GradScaler<B>& scaler) {
-  StateDict out;
-  for (const auto& [key, value] : scaler.state().to_map()) out.set_f64(key, value);
-  return out;
-}
-
-namespace detail {
-template <class B>
-amp::GradScalerState scaler_state_from(const amp::GradScaler<B>& scaler, const StateDict& state) {
-  std::map<std::string, ExpectedEntry> expected;
-  for (const auto& [key, value] : scaler.state().to_map()) expected[key] = {StateType::F64, Shape{}};
-  check_layout(state, expected, "amp::GradScaler load_state");
-  std::map<std::string, double> values;
-  for (const auto& [key, entry] : expected) values[key] = state.get_f64(key);
-  return amp::GradScalerState::from_map(values);
-}
-}  // namespace detail
-
-/// Runs every check GradScaler::load_state makes, on a scratch scaler, so the user's is untouched.
-template <class B>
-void check_state(const amp::GradScaler<B>& scaler, const StateDict& state) {
-  const amp::GradScalerState saved = detail::scaler_state_from(scaler, state);
-  if (!scaler.is_enabled()) return;  // a disabled scaler ignores loads
-  amp::GradScaler<B> scratch(DType::F16, scaler.options(), scaler.scale_tensor().backend());
-  scratch.load_state(saved);
-}
-template <class B>
-void load_state(amp::GradScaler<B>& scaler, const StateDict& state) {
-  check_state(scaler, state);
-  scaler.load_state(detail::scaler_state_from(scaler, state));
 }
 
 }  // namespace trainmem

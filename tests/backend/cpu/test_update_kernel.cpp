@@ -1,11 +1,11 @@
 // tests/backend/cpu/test_update_kernel.cpp — the optimizer's pass over a tensor
 // (backend/cpu/kernels/update.hpp) runs in blocks, asks SGD for its fixed-flag variant
-// once (NOTE [Update flags fixed for the loop] in core/math.hpp) and writes the model copy
+// once (NOTE [Update flags fixed for the loop] in core/update_rules.hpp) and writes the model copy
 // a block at a time; every element must still get the bits of PyTorch's SGD rule written
 // out here element by element (in the master's type, widened gradient, one rounding of
 // the copy), for each flag combination, gradient and copy dtype, at lengths with tails
 // and lengths that split over threads. The same for AdamW, whose square roots the pass
-// takes a block at a time (NOTE [Square roots a block at a time] in core/math.hpp), in
+// takes a block at a time (NOTE [Square roots a block at a time] in core/update_rules.hpp), in
 // every vector form the CPU has (NOTE [Vector paths chosen at run time] in simd.hpp).
 #include <bit>
 #include <catch2/catch.hpp>

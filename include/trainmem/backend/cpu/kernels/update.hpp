@@ -1,10 +1,10 @@
 // trainmem/backend/cpu/kernels/update.hpp — the optimizer's one pass over a parameter.
 //
-// The update functor (core/math.hpp: SGD, AdamW) changes the f32/f64 master and its
+// The update functor (core/update_rules.hpp: SGD, AdamW) changes the f32/f64 master and its
 // moments in place, and the 16-bit model copy is written from the new value in the
 // same pass, so the master is read once per step. How the copy is rounded is a small
 // writer type: none, nearest-even, or stochastic bf16. AdamW's square roots are taken a
-// block at a time (NOTE [Square roots a block at a time] in core/math.hpp).
+// block at a time (NOTE [Square roots a block at a time] in core/update_rules.hpp).
 #pragma once
 
 #include <algorithm>
@@ -108,7 +108,7 @@ void update_blocks(const Update& update, TP* param, const TG* grad, TP* first_mo
 /// optional moments are updated in place; the gradient is widened; `store_copy` writes the
 /// 16-bit model copy from the updated values in the same pass (or nothing). An
 /// update with run-time flags is asked for its fixed-flag variant once, so the loop has
-/// no branch on them (NOTE [Update flags fixed for the loop] in core/math.hpp).
+/// no branch on them (NOTE [Update flags fixed for the loop] in core/update_rules.hpp).
 template <class Update, class TP, class TG, class StoreCopy>
 void apply_update(Update update, TP* param, const TG* grad, TP* first_moment, TP* second_moment, std::int64_t n,
                   StoreCopy store_copy) {

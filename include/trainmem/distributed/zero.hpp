@@ -1,0 +1,330 @@
+// trainmem/distributed/zero.hpp — ZeRO-1 and ZeRO-2: each rank keeps optimizer state for its shard only.
+//
+// In mixed-precision AdamW a parameter costs 16 bytes: 2 (16-bit weight) + 2 (gradient)
+// + 4 (f32 master) + 8 (two f32 moments). Data parallelism keeps all 16 on every rank.
+// Here rank r owns the contiguous shard r of the flat parameter space
+// (dist/flat_layout.hpp) and keeps the masters and moments of that shard only; ZeRO-2
+// keeps only the shard's gradient too. Per rank, with Ψ parameters on N ranks:
+//   ZeRO-1: 2Ψ weights + 2Ψ gradients + 12Ψ/N          = 4Ψ + 12Ψ/N bytes
+//   ZeRO-2: 2Ψ weights + (2 + 12)Ψ/N                  = 2Ψ + 14Ψ/N bytes
+// (ZeRO-2's full gradients exist only while backward makes them: with the overlap of
+// dist/data_parallel.hpp each is freed once the buckets holding it are reduced.)
+//
+// The weights move into one flat buffer, each parameter's value a view into it, so a
+// shard is one contiguous range and the updated 16-bit weights come back with one
+// in-place all-gather per bucket. A shard cuts parameters into segments; each segment
+// is a parameter of an ordinary optimizer (AdamW by default) with its master in the
+// shard's f32 buffer, so the step is the existing fused pass (unscale, skip on
+// found_inf, update, 16-bit copy with the configured rounding). A rank with an empty
+// shard (Ψ < N ranks' worth) gets one empty segment and still joins every collective.
+//
+// With a GradScaler, step(scaler) unscales the shard, sums the ranks' found-inf flags
+// (one all-reduce), so every rank skips the same steps and the scalers stay equal, and
+// clips with a global norm: each rank's sum of squares, gathered and added in rank
+// order, so every rank gets the same norm to the bit.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "trainmem/amp/grad_scaler.hpp"
+#include "trainmem/amp/narrowing.hpp"
+#include "trainmem/autograd/grad_mode.hpp"
+#include "trainmem/core/stochastic_rounding.hpp"
+#include "trainmem/distributed/data_parallel.hpp"
+#include "trainmem/optim/adamw.hpp"
+
+namespace trainmem::dist {
+
+/// \brief What a ZeroOptimizer shards and how it stores the weights.
+struct ZeroOptions {
+  int stage = 1;  // 1: masters and optimizer state; 2: gradients too
+  /// f32: the weights are the optimizer's target (no masters). f16/bf16: the model
+  /// copies are 16-bit and each rank keeps f32 masters of its shard.
+  DType model_dtype = DType::BF16;
+  RoundingMode rounding = RoundingMode::NearestEven;  // of the 16-bit copies
+  std::uint64_t seed = 0;                             // stochastic rounding's seed
+  DataParallelOptions data_parallel = {};             // bucket size, accumulation
+};
+
+/// \brief An optimizer (AdamW by default) whose state is sharded over the ranks of `comm`.
+template <class B, class Optimizer = optim::AdamW<B>>
+class ZeroOptimizer {
+ public:
+  /// A collective. Checks that the ranks' parameter lists and settings agree (those of
+  /// DataParallel, and the stage, model dtype and rounding: dist/same_configuration.hpp),
+  /// takes rank 0's weights, moves the weights into one flat buffer of
+  /// `options.model_dtype` and builds this rank's shard.
+  template <class OptimizerOptions>
+  ZeroOptimizer(Communicator<B>& comm, std::vector<Var<B>> params, ZeroOptions options,
+                OptimizerOptions optimizer_options)
+      : dp_(comm, std::move(params), checked(options).data_parallel, settings_of(options)),
+        options_(options),
+        shard_(shard_range(dp_.layout().total(), comm.rank(), comm.size())) {
+    const auto& ps = dp_.params();
+    trainmem::detail::check(!ps.empty(), "dist::ZeroOptimizer: no parameters");
+    for (const Var<B>& p : ps)
+      trainmem::detail::check(p.dtype() == DType::F32 || p.dtype() == options.model_dtype, "dist::ZeroOptimizer: '",
+                              p.name(), "' is ", p.dtype(), "; expected f32 or the model dtype ", options.model_dtype);
+    // Everything is made from copies first, the shard optimizer (which checks its
+    // options) included; the parameters become views of the flat buffer only at the
+    // end, so a throw leaves the model as it was given.
+    NoGradGuard no_grad;
+    B& backend = ps.front().value().backend();
+    const bool masters = options.model_dtype != DType::F32;
+    if (masters) master_ = Tensor<B>::empty(Shape{shard_.size()}, DType::F32, MemCategory::MasterWeight, backend);
+    flat_ = Tensor<B>::empty(Shape{dp_.layout().total()}, options.model_dtype, MemCategory::Parameter, backend);
+    const FlatLayout& layout = dp_.layout();
+    if (masters) {  // from the values as given: an f32 parameter keeps every bit in its master
+      layout.for_each_piece(shard_, [&](const Piece& piece) {
+        const std::int64_t at = layout.offset(piece.param) + piece.param_offset - shard_.begin;
+        backend.map(math::Identity{},
+                    flat_view(ps[piece.param].value(), piece.param_offset, piece.param_offset + piece.count),
+                    master_.slice(at, at + piece.count));
+      });
+    }
+    for (std::size_t i = 0; i < ps.size(); ++i)
+      backend.map(math::Identity{}, ps[i].value().reshape(Shape{layout.numel(i)}),
+                  flat_view(flat_, layout.offset(i), layout.offset(i) + layout.numel(i)));
+    if (masters) {  // every rank holds rank 0's values: all throw alike
+      std::vector<Tensor<B>> sources, copies;
+      std::vector<std::string> names;
+      for (std::size_t i = 0; i < ps.size(); ++i) {
+        sources.push_back(ps[i].value());
+        copies.push_back(flat_view(flat_, layout.offset(i), layout.offset(i) + layout.numel(i)));
+        names.push_back(ps[i].name());
+      }
+      amp::check_narrowed_finite(sources, copies, names, "dist::ZeroOptimizer");
+    }
+    if (options.stage == 2)
+      grad_shard_ = Tensor<B>::zeros(Shape{shard_.size()}, options.model_dtype, MemCategory::Gradient, backend);
+
+    std::vector<Var<B>> segments;
+    layout.for_each_piece(shard_, [&](const Piece& piece) {
+      const std::int64_t begin = layout.offset(piece.param) + piece.param_offset;
+      segments_.push_back({piece, begin - shard_.begin});
+      segments.push_back(Var<B>::parameter(flat_view(flat_, begin, begin + piece.count),
+                                           ps[piece.param].name() + "[" + std::to_string(piece.param_offset) + ":" +
+                                               std::to_string(piece.param_offset + piece.count) + "]"));
+    });
+    if (segments.empty()) {  // an empty shard still steps (and checks) like the others
+      segments_.push_back({Piece{0, 0, 0, 0}, 0});
+      segments.push_back(Var<B>::parameter(flat_view(flat_, 0, 0), "empty shard"));
+    }
+    optimizer_ = std::make_unique<Optimizer>(std::move(segments), optimizer_options);
+    if (masters) {
+      for (std::size_t i = 0; i < segments_.size(); ++i)
+        optimizer_->set_master(
+            i, master_.slice(segments_[i].shard_offset, segments_[i].shard_offset + segments_[i].piece.count));
+      optimizer_->set_copy_rounding(options.rounding, options.seed);
+    }
+
+    for (std::size_t i = 0; i < ps.size(); ++i) {  // nothing below throws
+      ps[i].impl().value =
+          flat_view(flat_, layout.offset(i), layout.offset(i) + layout.numel(i)).reshape(ps[i].shape());
+      ps[i].zero_grad();
+    }
+    if (options.stage == 2) dp_.reduce_into_shard(grad_shard_, shard_);
+  }
+
+  /// Drops every parameter's gradient and the shard's reduced ones (before the first
+  /// micro-batch of a step, or after a step that was refused).
+  void zero_grad() {
+    for (const Var<B>& p : dp_.params()) p.zero_grad();
+    optimizer_->zero_grad();
+  }
+
+  /// Call after each micro-batch's backward; on the last of accumulation_steps it
+  /// reduces the gradients (see reduce_gradients) and returns true.
+  bool micro_batch_done() {
+    if (!dp_.micro_batch_done()) return false;
+    take_reduced_gradients();
+    return true;
+  }
+
+  /// Averages the gradients over ranks (a collective), finishing what backward started.
+  /// ZeRO-1: every gradient becomes the average, as in DataParallel. ZeRO-2: this rank's
+  /// shard of the average lands in the shard's gradient buffer and the full gradients
+  /// are freed.
+  void reduce_gradients() {
+    dp_.average_gradients();
+    take_reduced_gradients();
+  }
+
+  /// Steps the shard and all-gathers the updated weights; returns true (no scaler, no skip).
+  /// `max_grad_norm` >= 0 clips first with the global norm.
+  bool step(double max_grad_norm = -1) {
+    check_max_grad_norm(max_grad_norm);
+    require_reduced();
+    clip(max_grad_norm);
+    try {
+      optimizer_->step();
+    } catch (const CopyOverflowError&) {  // the step was taken: every rank still gathers
+      finish(true);
+      throw;
+    }
+    finish(true);
+    return true;
+  }
+  /// As step(), with a loss scaler: the gradients are unscaled, the ranks agree on
+  /// found-inf and every rank steps or skips together. Returns whether it stepped.
+  /// Call scaler.update() afterwards, as with one process.
+  bool step(amp::GradScaler<B>& scaler, double max_grad_norm = -1) {
+    if (!scaler.is_enabled()) return step(max_grad_norm);
+    check_max_grad_norm(max_grad_norm);
+    require_reduced();
+    scaler.unscale_(*optimizer_);
+    dp_.communicator().all_reduce_sum(scaler.found_inf(*optimizer_));
+    clip(max_grad_norm);
+    bool stepped = false;
+    try {
+      stepped = scaler.step(*optimizer_);
+    } catch (const CopyOverflowError&) {  // the step was taken: every rank still gathers
+      finish(true);
+      throw;
+    }
+    finish(stepped);
+    return stepped;
+  }
+
+  /// The global 2-norm of the reduced gradients (a collective; the same on every rank).
+  double grad_norm() {
+    B& backend = flat_.backend();
+    Tensor<B> sum_sq = Tensor<B>::zeros(Shape{}, DType::F64, MemCategory::Temporary, backend);
+    for (const auto& e : optimizer_->entries())
+      if (e.param.grad().defined() && e.param.grad().numel() > 0) backend.sum_squares(e.param.grad(), sum_sq);
+    const double mine = sum_sq.template to_host<double>()[0];
+    std::vector<double> all(static_cast<std::size_t>(dp_.communicator().size()));
+    dp_.communicator().all_gather_host(std::as_bytes(std::span(&mine, 1)), std::as_writable_bytes(std::span(all)));
+    double total = 0;
+    for (double s : all) total += s;
+    return std::sqrt(total);
+  }
+
+  /// The optimizer of this rank's shard (its parameters are the shard's segments).
+  Optimizer& shard_optimizer() { return *optimizer_; }
+  const Optimizer& shard_optimizer() const { return *optimizer_; }
+  /// This rank's range of the flat parameter space.
+  Range shard() const { return shard_; }
+  /// The shard's f32 masters (undefined with an f32 model) and, for ZeRO-2, its gradient.
+  const Tensor<B>& masters() const { return master_; }
+  const Tensor<B>& shard_gradient() const { return grad_shard_; }
+  /// Every weight, as one flat tensor of the model dtype (the parameters are views of it).
+  const Tensor<B>& flat_weights() const { return flat_; }
+  const std::vector<Var<B>>& params() const { return dp_.params(); }
+  const ZeroOptions& options() const { return options_; }
+
+ private:
+  struct Segment {
+    Piece piece;                // which part of which parameter
+    std::int64_t shard_offset;  // where it starts in the shard
+  };
+
+  /// Hands the shard optimizer's segments their reduced gradients, marked incomplete when
+  /// the averages are (NOTE [A rank whose backward failed] in dist/grad_buckets.hpp), and
+  /// scaled when the model's are (a scaled loss's, not yet divided).
+  void take_reduced_gradients() {
+    const bool incomplete =
+        std::any_of(dp_.params().begin(), dp_.params().end(), [](const Var<B>& p) { return p.grad_incomplete(); });
+    const bool scaled =
+        std::any_of(dp_.params().begin(), dp_.params().end(), [](const Var<B>& p) { return p.grad_scaled(); });
+    for (std::size_t i = 0; i < segments_.size(); ++i) {
+      const Piece& piece = segments_[i].piece;
+      const Var<B>& segment = optimizer_->entries()[i].param;
+      segment.zero_grad();  // clears an earlier mark: this is a new step's gradient
+      if (options_.stage == 2)
+        segment.set_grad(grad_shard_.slice(segments_[i].shard_offset, segments_[i].shard_offset + piece.count));
+      else
+        segment.set_grad(piece.count == 0 ? flat_view(dp_.params()[0].grad(), 0, 0)
+                                          : flat_view(dp_.params()[piece.param].grad(), piece.param_offset,
+                                                      piece.param_offset + piece.count));
+      if (incomplete) segment.mark_grad_incomplete();
+      segment.set_grad_scaled(scaled);  // still multiplied by the loss scale (NOTE [Scaled gradients])
+    }
+    if (options_.stage == 2)
+      for (const Var<B>& p : dp_.params()) p.zero_grad();
+  }
+
+  /// The options, checked before any collective (so a bad one throws on its own rank only
+  /// there, not part way through set-up).
+  static const ZeroOptions& checked(const ZeroOptions& options) {
+    trainmem::detail::check(options.stage == 1 || options.stage == 2, "dist::ZeroOptimizer: stage must be 1 or 2, got ",
+                            options.stage);
+    trainmem::detail::check(options.model_dtype == DType::F32 || is_16bit(options.model_dtype),
+                            "dist::ZeroOptimizer: the model dtype must be f32, f16 or bf16, got ", options.model_dtype);
+    return options;
+  }
+  /// What every rank must choose alike: the stage decides the collectives, the model dtype
+  /// their byte counts, the rounding the weights every rank receives.
+  static std::vector<Setting> settings_of(const ZeroOptions& options) {
+    return {setting("stage", options.stage), setting("model_dtype", options.model_dtype),
+            setting("rounding", options.rounding == RoundingMode::Stochastic ? "stochastic" : "nearest-even")};
+  }
+
+  /// Every segment has a reduced gradient a step may apply; checked before clipping
+  /// changes any.
+  void require_reduced() const {
+    for (const auto& e : optimizer_->entries()) {
+      trainmem::detail::check(e.param.grad().defined(), "dist::ZeroOptimizer::step: '", e.param.name(),
+                              "' has no reduced gradient; call reduce_gradients() (or micro_batch_done()) first");
+      optim::Optimizer<B>::check_grad(e.param, "dist::ZeroOptimizer::step");
+    }
+  }
+
+  static void check_max_grad_norm(double max_grad_norm) {
+    trainmem::detail::check(max_grad_norm < 0 || std::isfinite(max_grad_norm),
+                            "dist::ZeroOptimizer::step: max_grad_norm must be finite (negative: no clipping), got ",
+                            max_grad_norm);
+  }
+
+  void clip(double max_grad_norm) {
+    if (max_grad_norm < 0) return;
+    const double norm = grad_norm();
+    const double coefficient = max_grad_norm / (norm + 1e-6);  // optim::clip_grad_norm's rule
+    if (!std::isfinite(norm) || coefficient >= 1.0) return;
+    for (const auto& e : optimizer_->entries()) {
+      const Tensor<B>& g = e.param.grad();
+      if (!g.defined() || g.numel() == 0) continue;
+      g.backend().map(math::Scale{coefficient}, g, g);
+      g.bump_version();
+    }
+  }
+
+  /// After a step: every rank's updated shard goes to every other rank, bucket by bucket,
+  /// up to buckets_in_flight gathers at once (in place: they need no buffer), and the
+  /// shard's gradients (views, or f32 copies unscale_ made) are let go.
+  void finish(bool stepped) {
+    if (stepped) {
+      Communicator<B>& comm = dp_.communicator();
+      const std::int64_t total = dp_.layout().total();
+      const auto limit = static_cast<std::size_t>(dp_.options().buckets_in_flight);
+      std::deque<std::unique_ptr<Pending>> gathers;
+      FlatLayout::for_each_window(Range{0, total}, dp_.bucket_elements(), [&](Range window) {
+        if (gathers.size() >= limit) {
+          gathers.front()->wait();
+          gathers.pop_front();
+        }
+        gathers.push_back(
+            comm.start_all_gather(flat_.slice(window.begin, window.end), shard_counts(window, total, comm.size())));
+      });
+      for (const auto& gather : gathers) gather->wait();
+    }
+    optimizer_->zero_grad();
+  }
+
+  DataParallel<B> dp_;
+  ZeroOptions options_;
+  Range shard_;
+  Tensor<B> flat_, master_, grad_shard_;
+  std::vector<Segment> segments_;
+  std::unique_ptr<Optimizer> optimizer_;
+};
+
+}  // namespace trainmem::dist

@@ -1,0 +1,149 @@
+// trainmem/optim/optimizer_state.hpp — an optimizer's state saved and restored, checked before anything changes.
+//
+// Optimizer::state() / check_state() / load_state() (declared in optim/optimizer.hpp,
+// which includes this header at its end): the moments, the device step state (bias
+// corrections), the step counts, the stochastic-rounding stream and the options, keyed
+// by parameter name. check_state reads every value before load_state copies anything:
+// step counts in range, finite moments, and each optimizer's own rules
+// (check_param_values: AdamW's v >= 0 and powers in [0, 1], SGD's whole count of steps).
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+
+#include "trainmem/error.hpp"
+#include "trainmem/optim/optimizer.hpp"
+#include "trainmem/state/state_dict.hpp"
+
+namespace trainmem::optim {
+
+/// Everything a resumed run needs from this optimizer, keyed by parameter name
+/// ("params.<name>.first_moment", ".second_moment", ".step_state", ".steps"), plus
+/// "steps", "copy_rounding.*" and "options.*". The parameters' names must be unique.
+template <class B>
+StateDict Optimizer<B>::state() const {
+  names_or_throw("state");
+  StateDict out;
+  out.set_i64("steps", steps_);
+  out.set_i64("copy_rounding.mode", static_cast<std::int64_t>(rounding_mode_));
+  out.set_u64("copy_rounding.seed", rounding_rng_.state().seed);
+  out.set_u64("copy_rounding.offset", rounding_rng_.state().offset);
+  for (const auto& [key, value] : options_map()) out.set_f64("options." + key, value);
+  for (const auto& e : entries_) {
+    const std::string p = "params." + e.param.name() + ".";
+    out.set_i64(p + "steps", e.steps);
+    if (e.first_moment.defined()) out.set(p + moment_names()[0], e.first_moment);
+    if (e.second_moment.defined()) out.set(p + moment_names()[1], e.second_moment);
+    if (e.step_state.defined()) out.set(p + "step_state", e.step_state);
+  }
+  return out;
+}
+/// Throws (naming every missing or extra entry, shape and dtype, and every value no run
+/// can leave: step counts out of range, non-finite moments, the derived optimizer's
+/// own rules) unless `state` fits these parameters and holds valid options; modifies nothing.
+template <class B>
+void Optimizer<B>::check_state(const StateDict& state) const {
+  names_or_throw("load_state");
+  std::map<std::string, ExpectedEntry> expected = {{"steps", {StateType::I64, Shape{}}},
+                                                   {"copy_rounding.mode", {StateType::I64, Shape{}}},
+                                                   {"copy_rounding.seed", {StateType::U64, Shape{}}},
+                                                   {"copy_rounding.offset", {StateType::U64, Shape{}}}};
+  for (const auto& [key, value] : options_map()) expected["options." + key] = {StateType::F64, Shape{}};
+  for (const auto& e : entries_) {
+    const std::string p = "params." + e.param.name() + ".";
+    const Tensor<B>& target = e.master.defined() ? e.master : e.param.value();
+    expected[p + "steps"] = {StateType::I64, Shape{}};
+    // A parameter's states are made together at its first step: all of them or none.
+    const std::array<std::string, 3> keys = {p + moment_names()[0], p + moment_names()[1], p + "step_state"};
+    const std::array<bool, 3> kept = kept_states();
+    const bool any =
+        std::ranges::any_of(std::array{0, 1, 2}, [&](int k) { return kept[k] && state.contains(keys[k]); });
+    for (int k = 0; k < 3; ++k) {
+      if (!kept[k] || !any) continue;
+      detail::check(state.contains(keys[k]), "optimizer::load_state: '", keys[k],
+                    "' is missing; a parameter's states are saved together (all or none)");
+      expected[keys[k]] = k < 2 ? ExpectedEntry{state_type_of(target.dtype()), target.shape()}
+                                : ExpectedEntry{StateType::F64, Shape{step_state_size()}};
+    }
+  }
+  check_layout(state, expected, "optimizer::load_state");
+  // The values, as a run leaves them: counts in range, finite moments, and what the
+  // derived optimizer's states must hold (check_param_values).
+  const std::int64_t steps = state.get_i64("steps");
+  detail::check(steps >= 0, "optimizer::load_state: steps must be >= 0, got ", steps);
+  for (const auto& e : entries_) {
+    const std::string p = "params." + e.param.name() + ".";
+    const std::int64_t param_steps = state.get_i64(p + "steps");
+    detail::check(param_steps >= 0 && param_steps <= steps, "optimizer::load_state: '", p, "steps' is ", param_steps,
+                  "; a parameter's steps are in [0, steps = ", steps,
+                  "] (it counts the optimizer's steps that updated it); nothing was loaded");
+    const auto finite = [](double v) { return std::isfinite(v); };
+    for (const char* moment : moment_names())
+      check_values(state, p + moment, finite, "finite", "optimizer::load_state");
+    check_param_values(state, p, param_steps);
+  }
+  detail::check(state.get_u64("copy_rounding.offset") % 4 == 0, "optimizer::load_state: copy_rounding.offset ",
+                state.get_u64("copy_rounding.offset"),
+                " is not a multiple of 4 (streams start at whole Philox blocks)");
+  const std::int64_t mode = state.get_i64("copy_rounding.mode");
+  detail::check(mode == static_cast<std::int64_t>(RoundingMode::NearestEven) ||
+                    mode == static_cast<std::int64_t>(RoundingMode::Stochastic),
+                "optimizer::load_state: copy_rounding.mode ", mode, " is not a rounding mode");
+  check_options_map(options_from(state));
+}
+/// Restores a state() (after check_state: on error nothing changes). Moments absent
+/// from the state are dropped, as for a parameter never stepped.
+template <class B>
+void Optimizer<B>::load_state(const StateDict& state) {
+  check_state(state);
+  for (auto& e : entries_) {
+    const std::string p = "params." + e.param.name() + ".";
+    const Tensor<B>& target = e.master.defined() ? e.master : e.param.value();
+    load_tensor(state, p + moment_names()[0], e.first_moment, target);
+    load_tensor(state, p + moment_names()[1], e.second_moment, target);
+    load_tensor(state, p + "step_state", e.step_state, target);
+    e.steps = state.get_i64(p + "steps");
+  }
+  steps_ = state.get_i64("steps");
+  rounding_mode_ = static_cast<RoundingMode>(state.get_i64("copy_rounding.mode"));
+  rounding_rng_.set_state({state.get_u64("copy_rounding.seed"), state.get_u64("copy_rounding.offset")});
+  load_options_map(options_from(state));
+}
+
+/// Throws unless every parameter has a non-empty name no other one has (state keys).
+template <class B>
+void Optimizer<B>::names_or_throw(const char* who) const {
+  std::set<std::string> seen;
+  for (const auto& e : entries_) {
+    detail::check(!e.param.name().empty(), "optimizer::", who, ": a parameter ", e.param.shape(),
+                  " has no name; state is keyed by name (register parameters in an nn::Module)");
+    detail::check(seen.insert(e.param.name()).second, "optimizer::", who, ": two parameters are named '",
+                  e.param.name(), "'; state is keyed by name (nn::Module gives unique hierarchical names)");
+  }
+}
+template <class B>
+std::map<std::string, double> Optimizer<B>::options_from(const StateDict& state) const {
+  std::map<std::string, double> options;
+  for (const auto& [key, value] : options_map()) options[key] = state.get_f64("options." + key);
+  return options;
+}
+/// Copies entry `name` into `tensor` (allocated like the entry when absent or of
+/// another shape); drops `tensor` when the state has no such entry.
+template <class B>
+void Optimizer<B>::load_tensor(const StateDict& state, const std::string& name, Tensor<B>& tensor, const Tensor<B>& like) {
+  if (!state.contains(name)) {
+    tensor = Tensor<B>();
+    return;
+  }
+  const StateEntry& entry = state.at(name);
+  if (tensor.defined() && tensor.shape() == entry.shape && state_type_of(tensor.dtype()) == entry.type)
+    entry.copy_to(tensor);
+  else tensor = entry.to_tensor(MemCategory::OptimizerState, like.backend());
+}
+
+}  // namespace trainmem::optim

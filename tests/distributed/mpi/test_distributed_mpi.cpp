@@ -1,0 +1,587 @@
+// tests/distributed/mpi/test_distributed_mpi.cpp — data parallelism and ZeRO over MPI, one scenario per run.
+//
+//   mpirun -np N test_distributed_mpi <equivalence|overflow|empty_shard|memory|mismatch|failed_backward|
+//                               checkpoint_bf16|abort|stalled|fewer_steps|early_return|skipped_step|
+//                               zero_stages|bucket_bytes|parameter_order|accumulation_steps>
+//
+// Each rank checks its own results and throws on a failure; dist::mpi::run then names
+// the rank and aborts the job, so a failed check can never leave the others waiting.
+// The references are independent: one process training on the whole global batch
+// (no communicator), the ZeRO byte formulas, bitwise snapshots taken before a step,
+// the same sharded run without checkpoint regions.
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../distributed_model.hpp"
+#include "trainmem/checkpoint/sequential.hpp"
+#include "trainmem/distributed/mpi.hpp"
+
+using namespace dist_test;
+
+namespace {
+
+template <class... Args>
+void require(bool ok, const Args&... what) {
+  trainmem::detail::check(ok, "check failed: ", what...);
+}
+
+/// Every rank's `values` equal rank 0's, bit for bit.
+void require_same_on_every_rank(dist::Communicator<B>& comm, const std::vector<double>& values, const char* what) {
+  std::vector<double> all(values.size() * static_cast<std::size_t>(comm.size()));
+  comm.all_gather_host(std::as_bytes(std::span(values)), std::as_writable_bytes(std::span(all)));
+  for (int q = 0; q < comm.size(); ++q)
+    require(std::memcmp(all.data() + q * values.size(), values.data(), values.size() * sizeof(double)) == 0, what,
+            ": rank ", q, " differs from rank ", comm.rank());
+}
+
+/// max |got - want| <= 1e-6 max |want|: relative to the weights' scale, since the f32 gradient sums
+/// of N ranks round differently from one process's (a weight near 0 differs by a few ulps of the others).
+void require_close(const std::vector<double>& got, const std::vector<double>& want, const std::string& what) {
+  require(got.size() == want.size(), what, ": sizes differ");
+  double worst = 0, scale = 0;
+  std::size_t at = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    scale = std::max(scale, std::abs(want[i]));
+    if (std::abs(got[i] - want[i]) > worst) worst = std::abs(got[i] - want[i]), at = i;
+  }
+  require(worst <= 1e-6 * scale, what, ": weight ", at, " is ", got[at], ", one process has ", want[at],
+          " (difference ", worst / scale, " of the largest weight, > 1e-6)");
+}
+
+/// 20 AdamW steps on N ranks equal one process on the global batch (≤ 1e-6 relative),
+/// bitwise between two runs and across ranks; with and without accumulation; buckets
+/// (16 elements: four of them for Ψ = 55) sent during backward give bitwise the weights
+/// of buckets sent after it.
+int equivalence(dist::mpi::Communicator& comm) {
+  const std::vector<double> reference = train_reference(20);
+  for (int stage : {0, 1, 2}) {
+    for (int micro : {1, 2}) {
+      const std::string what = "stage " + std::to_string(stage) + ", " + std::to_string(micro) + " micro-batches";
+      const std::vector<double> first = train_ranks(comm, stage, 20, 64, micro);
+      const std::vector<double> second = train_ranks(comm, stage, 20, 64, micro);
+      const std::vector<double> after_backward = train_ranks(comm, stage, 20, 64, micro, false);
+      require(first == second, what, ": two runs differ");
+      require(first == after_backward, what, ": buckets sent during backward differ from buckets sent after it");
+      require_same_on_every_rank(comm, first, what.c_str());
+      require_close(first, reference, what);
+    }
+  }
+  return 0;
+}
+
+/// The last rank's backward fails part way at step 3 (a changed saved input); every rank
+/// still averages, every rank's optimizer refuses the step with its weights unchanged
+/// (train_ranks checks both), and after zero_grad the step runs again: the weights are
+/// bitwise those of the run without the failure, and the same on every rank.
+int failed_backward(dist::mpi::Communicator& comm) {
+  for (int stage : {0, 1, 2}) {
+    for (int micro : {1, 2}) {
+      for (bool overlap : {true, false}) {
+        const std::string what = "stage " + std::to_string(stage) + ", " + std::to_string(micro) +
+                                 " micro-batches, overlap " + (overlap ? "on" : "off");
+        const std::vector<double> clean = train_ranks(comm, stage, 6, 64, micro, overlap);
+        const std::vector<double> failed = train_ranks(comm, stage, 6, 64, micro, overlap, 3);
+        require(failed == clean, what, ": a refused step left a trace in the weights");
+        require_same_on_every_rank(comm, failed, what.c_str());
+      }
+    }
+  }
+  return 0;
+}
+
+/// Everything an overflow must leave unchanged, as raw bits.
+std::vector<double> snapshot(const std::vector<Var<B>>& params, const optim::Optimizer<B>& opt) {
+  std::vector<double> out;
+  const auto add = [&](const Tensor<B>& t) {
+    if (!t.defined()) return;
+    for (double v : t.to_host<double>()) out.push_back(v);
+  };
+  for (const auto& p : params) add(p.value());
+  for (const auto& e : opt.entries()) {
+    add(e.master);
+    add(e.first_moment);
+    add(e.second_moment);
+    add(e.step_state);
+  }
+  return out;
+}
+
+/// FP16 with an overflow on the last rank only at step 3: every rank skips that step and
+/// leaves weights, masters and optimizer state bitwise unchanged, and every scaler backs
+/// off; the steps around it apply. The overflow is an inf written into a gradient after
+/// backward (buckets sent after backward), or an inf in a sample (buckets sent during it).
+int overflow(dist::mpi::Communicator& comm) {
+  for (const bool overlap : {false, true})
+    for (int stage : {0, 1, 2}) {
+      TinyNet net;
+      amp::GradScaler<B> scaler(DType::F16, {.init_scale = 1024});
+      const std::int64_t rows = kGlobalBatch / comm.size(), first = comm.rank() * rows;
+      std::unique_ptr<dist::DataParallel<B>> sync;
+      std::unique_ptr<amp::MasterWeights<B>> masters;
+      std::unique_ptr<optim::AdamW<B>> plain;
+      std::unique_ptr<dist::ZeroOptimizer<B>> zero;
+      if (stage == 0) {
+        sync = std::make_unique<dist::DataParallel<B>>(
+            comm, net.parameters(), dist::DataParallelOptions{.bucket_bytes = 64, .overlap_with_backward = overlap});
+        masters = std::make_unique<amp::MasterWeights<B>>(net.parameters(),
+                                                          amp::MasterWeightsOptions{.model_dtype = DType::F16});
+        plain = std::make_unique<optim::AdamW<B>>(net.parameters(), adamw_options());
+        masters->attach(*plain);
+      } else {
+        zero = std::make_unique<dist::ZeroOptimizer<B>>(
+            comm, net.parameters(),
+            dist::ZeroOptions{.stage = stage,
+                              .model_dtype = DType::F16,
+                              .data_parallel = {.bucket_bytes = 64, .overlap_with_backward = overlap}},
+            adamw_options());
+      }
+      optim::Optimizer<B>& opt = stage == 0 ? static_cast<optim::Optimizer<B>&>(*plain) : zero->shard_optimizer();
+      for (int s = 0; s < 6; ++s) {
+        for (const auto& p : net.parameters()) p.zero_grad();
+        const bool overflows = s == 3 && comm.rank() == comm.size() - 1;
+        backward(net, first, first + rows, s, DType::F16, &scaler, overflows && overlap);
+        if (overflows && !overlap) {  // an element of rank 0's shard
+          const Var<B> p = net.parameters()[0];
+          std::vector<double> g = p.grad().to_host<double>();
+          g[0] = INFINITY;
+          p.set_grad(Tensor<B>::from_host(p.shape(), g, DType::F16, MemCategory::Gradient));
+        }
+        const std::vector<double> before = snapshot(net.parameters(), opt);
+        bool stepped = false;
+        if (stage == 0) {
+          sync->average_gradients();
+          stepped = scaler.step(*plain);
+        } else {
+          zero->reduce_gradients();
+          stepped = zero->step(scaler);
+        }
+        scaler.update();
+        const std::string what =
+            "stage " + std::to_string(stage) + " step " + std::to_string(s) + (overlap ? " (overlapped)" : "");
+        require(stepped == (s != 3), what, ": stepped is ", stepped);
+        if (s == 3) {
+          require(snapshot(net.parameters(), opt) == before, what, ": a skipped step changed the state");
+          require(scaler.get_scale() == 512.0, what, ": the scale is ", scaler.get_scale(), ", not 512");
+        }
+      }
+      require_same_on_every_rank(comm, weights(net), ("stage " + std::to_string(stage) + " weights").c_str());
+    }
+  return 0;
+}
+
+/// w x ≈ 2x with one weight (Ψ = 1): every rank but 0 has an empty shard.
+int empty_shard(dist::mpi::Communicator& comm) {
+  const auto train = [&](dist::Communicator<B>* c, int stage) {
+    nn::Init init(3);
+    nn::Linear<B> fc(1, 1, init, false, DType::F32, "fc");
+    const std::int64_t n = c ? c->size() : 1, r = c ? c->rank() : 0, rows = kGlobalBatch / n;
+    std::unique_ptr<dist::ZeroOptimizer<B>> zero;
+    std::unique_ptr<optim::AdamW<B>> plain;
+    if (c) {
+      zero = std::make_unique<dist::ZeroOptimizer<B>>(
+          *c, fc.parameters(), dist::ZeroOptions{.stage = stage, .model_dtype = DType::F32}, adamw_options());
+      require(zero->shard().empty() == (r > 0), "rank ", r, "'s shard is [", zero->shard().begin, ", ",
+              zero->shard().end, ")");
+    } else {
+      plain = std::make_unique<optim::AdamW<B>>(fc.parameters(), adamw_options());
+    }
+    for (int s = 0; s < 20; ++s) {
+      fc.weight().zero_grad();
+      std::vector<double> x, y;
+      for (std::int64_t i = r * rows; i < (r + 1) * rows; ++i) {
+        x.push_back(std::cos(0.5 * static_cast<double>(i + s)));
+        y.push_back(2 * x.back());
+      }
+      Tape<B> tape;
+      const Var<B> d = sub(fc(tape.input(Tensor<B>::from_host(Shape{rows, 1}, x))),
+                           tape.input(Tensor<B>::from_host(Shape{rows, 1}, y)));
+      tape.backward(mean(mul(d, d)));
+      if (zero) {
+        zero->reduce_gradients();
+        zero->step(0.5);  // with global-norm clipping: an empty shard adds 0 to the norm
+      } else {
+        optim::clip_grad_norm(fc.parameters(), 0.5);
+        plain->step();
+      }
+    }
+    return fc.weight().value().to_host<double>();
+  };
+  const std::vector<double> reference = train(nullptr, 0);
+  for (int stage : {1, 2}) {
+    const std::vector<double> w = train(&comm, stage);
+    require_same_on_every_rank(comm, w, "empty-shard weights");
+    require_close(w, reference, "empty shard, stage " + std::to_string(stage));
+  }
+  return 0;
+}
+
+/// Per-rank bytes of weights + gradients + masters + optimizer state, BF16 AdamW, after
+/// the gradients are reduced: 4Ψ + 12Ψ/N (ZeRO-1), 2Ψ + 14Ψ/N (ZeRO-2), within one bucket.
+int memory(dist::mpi::Communicator& mpi) {
+  constexpr std::int64_t kBucket = 256;
+  dist::SingleProcess<B> one;
+  for (dist::Communicator<B>* comm :
+       {static_cast<dist::Communicator<B>*>(&one), static_cast<dist::Communicator<B>*>(&mpi)}) {
+    for (int stage : {1, 2}) {
+      const MemoryStats& stats = B::default_instance().memory();
+      const auto model_state = [&] {
+        return stats.live(MemCategory::Parameter) + stats.live(MemCategory::Gradient) +
+               stats.live(MemCategory::MasterWeight) + stats.live(MemCategory::OptimizerState);
+      };
+      const std::int64_t base = model_state();
+      nn::Init init(5);
+      nn::Linear<B> fc1(64, 48, init, true, DType::F32, "fc1"), fc2(48, 10, init, true, DType::F32, "fc2");
+      std::vector<Var<B>> params = fc1.parameters();
+      for (const auto& p : fc2.parameters()) params.push_back(p);
+      const double psi = 64 * 48 + 48 + 48 * 10 + 10, n = comm->size();
+      dist::ZeroOptimizer<B> zero(
+          *comm, params, {.stage = stage, .model_dtype = DType::BF16, .data_parallel = {.bucket_bytes = kBucket}},
+          adamw_options());
+      std::int64_t measured = 0;
+      for (int s = 0; s < 2; ++s) {
+        zero.zero_grad();
+        Tape<B> tape;
+        auto [x, labels] = [&] {
+          std::vector<double> v(4 * 64), l(4);
+          for (std::size_t i = 0; i < v.size(); ++i) v[i] = std::sin(0.1 * static_cast<double>(i + s));
+          for (std::size_t i = 0; i < l.size(); ++i) l[i] = static_cast<double>(i % 10);
+          return std::pair{Tensor<B>::from_host(Shape{4, 64}, v), Tensor<B>::from_host(Shape{4}, l, DType::I32)};
+        }();
+        Var<B> loss;
+        {
+          amp::Autocast guard(DType::BF16);
+          loss = cross_entropy(fc2(tanh(fc1(tape.input(x)))), labels);
+        }
+        tape.backward(loss);
+        zero.reduce_gradients();
+        measured = model_state() - base;  // masters and moments exist from the first step on
+        zero.step();
+      }
+      const double formula = stage == 1 ? 4 * psi + 12 * psi / n : 2 * psi + 14 * psi / n;
+      std::printf("rank %d of %d, ZeRO-%d: %lld bytes of model state, formula %.1f\n", comm->rank(), comm->size(),
+                  stage, static_cast<long long>(measured), formula);
+      require(std::abs(static_cast<double>(measured) - formula) <= kBucket, "ZeRO-", stage, " on ", comm->size(),
+              " ranks: ", measured, " bytes, formula ", formula);
+    }
+  }
+  return 0;
+}
+
+/// The last rank's model differs: every rank throws an Error that names it and how.
+int mismatch(dist::mpi::Communicator& comm) {
+  const bool odd = comm.rank() == comm.size() - 1;
+  nn::Init init(1);
+  nn::Linear<B> fc1(7, 5, init, true, DType::F32, "fc1"), fc2(5, odd ? 4 : 3, init, false, DType::F32, "fc2");
+  std::vector<Var<B>> params = fc1.parameters();
+  for (const auto& p : fc2.parameters()) params.push_back(p);
+  const std::string expected = "rank " + std::to_string(comm.size() - 1) +
+                               " has parameter 2 'fc2.weight' [4, 5] f32, rank 0 has 'fc2.weight' [3, 5] f32";
+  try {
+    dist::DataParallel<B> sync(comm, params);
+    require(false, "no error for mismatched parameter lists");
+  } catch (const Error& e) {
+    require(std::string(e.what()).find(expected) != std::string::npos, "the error '", e.what(), "' lacks '", expected,
+            "'");
+  }
+  if (odd) params.pop_back();
+  try {
+    dist::DataParallel<B> sync(comm, params);
+    require(false, "no error for a missing parameter");
+  } catch (const Error& e) {
+    const std::string count = "rank " + std::to_string(comm.size() - 1) + " has parameter count 2, rank 0 has 3";
+    require(std::string(e.what()).find(count) != std::string::npos, "the error '", e.what(), "' lacks '", count, "'");
+  }
+  return 0;
+}
+
+/// A residual MLP: an embedding Linear(7, 16), four blocks x + dropout(fc2(gelu(fc1(layer_norm(x))))),
+/// and a head Linear(16, 3). Ψ = 4595, odd, so the two shards split a parameter.
+struct BlockNet {
+  static constexpr std::int64_t kWidth = 16, kHidden = 32, kBlocks = 4;
+  struct Block {
+    nn::LayerNorm<B> norm;
+    nn::Linear<B> fc1, fc2;
+  };
+  BlockNet() : init(11), embed(kFeatures, kWidth, init, true, DType::F32, "embed") {
+    for (std::int64_t b = 0; b < kBlocks; ++b) {
+      const std::string name = "block" + std::to_string(b);
+      blocks.push_back({nn::LayerNorm<B>(kWidth, 1e-5, DType::F32, name + ".norm"),
+                        nn::Linear<B>(kWidth, kHidden, init, true, DType::F32, name + ".fc1"),
+                        nn::Linear<B>(kHidden, kWidth, init, true, DType::F32, name + ".fc2")});
+    }
+    head.emplace(kWidth, kClasses, init, true, DType::F32, "head");
+  }
+  std::vector<Var<B>> parameters() const {
+    std::vector<Var<B>> ps = embed.parameters();
+    for (const Block& b : blocks)
+      for (const auto& list : {b.norm.parameters(), b.fc1.parameters(), b.fc2.parameters()})
+        for (const auto& p : list) ps.push_back(p);
+    for (const auto& p : head->parameters()) ps.push_back(p);
+    return ps;
+  }
+  /// The blocks as layers: copies of the modules share their parameters.
+  std::vector<Layer<B>> block_layers() const {
+    std::vector<Layer<B>> layers;
+    for (const Block& b : blocks)
+      layers.push_back([b](const Var<B>& x) { return add(x, dropout(b.fc2(gelu(b.fc1(b.norm(x)))), 0.25f)); });
+    return layers;
+  }
+  nn::Init init;
+  nn::Linear<B> embed;
+  std::vector<Block> blocks;
+  std::optional<nn::Linear<B>> head;  // built after the blocks, so it draws from `init` after them
+};
+
+/// How the blocks run: as they are, each block a full-recompute region, or in
+/// checkpoint_sequential's two segments keeping matmul outputs (the last not checkpointed).
+enum class Regions { None, EveryBlock, SelectiveSegments };
+
+/// Appends the raw bytes of `t` (nothing for an undefined or empty tensor).
+void append_bits(std::vector<unsigned char>& out, const Tensor<B>& t) {
+  if (!t.defined() || t.numel() == 0) return;
+  const std::size_t at = out.size();
+  out.resize(at + t.bytes());
+  t.backend().download(out.data() + at, t.data(), t.bytes());
+}
+
+/// The raw bits after 8 AdamW steps of ZeRO-2 with BF16 weights and f32 masters, BF16
+/// autocast, two micro-batches per step, global-norm clipping and dropout: every
+/// parameter first, then this rank's masters and moments.
+struct BlockRun {
+  std::vector<unsigned char> params, shard_state;
+  std::vector<double> initial_weights, final_weights;
+  std::int64_t recomputes = 0;
+};
+BlockRun train_blocks(dist::Communicator<B>& comm, Regions regions) {
+  BlockNet net;
+  BlockRun run;
+  for (const auto& p : net.parameters())
+    for (double v : p.value().to_host<double>()) run.initial_weights.push_back(v);
+  dist::ZeroOptimizer<B> zero(
+      comm, net.parameters(),
+      {.stage = 2, .model_dtype = DType::BF16, .data_parallel = {.bucket_bytes = 256, .accumulation_steps = 2}},
+      adamw_options());
+  const std::vector<Layer<B>> layers = net.block_layers();
+  CheckpointOptions selective;
+  selective.policy = policy::save_matmuls();
+  const std::int64_t rows = kGlobalBatch / comm.size(), first = comm.rank() * rows;
+  const std::int64_t recomputes_before = checkpoint_stats().recomputes;
+  for (int s = 0; s < 8; ++s) {
+    zero.zero_grad();
+    for (int m = 0; m < 2; ++m) {
+      Tape<B> tape;
+      tape.manual_seed(static_cast<std::uint64_t>(1000 * comm.rank() + 10 * s + m));  // each rank its own masks
+      auto [x, labels] = batch(first + m * rows / 2, first + (m + 1) * rows / 2, s);
+      Var<B> loss;
+      {
+        amp::Autocast guard(DType::BF16);
+        Var<B> h = net.embed(tape.input(x));
+        switch (regions) {
+          case Regions::None:
+            for (const auto& layer : layers) h = layer(h);
+            break;
+          case Regions::EveryBlock:
+            for (const auto& layer : layers) h = checkpoint(tape, layer, h);
+            break;
+          case Regions::SelectiveSegments: h = checkpoint_sequential(tape, layers, 2, h, selective); break;
+        }
+        loss = cross_entropy((*net.head)(h), labels);
+      }
+      tape.backward(loss);
+      zero.micro_batch_done();
+    }
+    zero.step(0.05);  // small enough to clip: the global norm enters every update
+  }
+  run.recomputes = checkpoint_stats().recomputes - recomputes_before;
+  for (const auto& p : net.parameters()) {
+    require(p.dtype() == DType::BF16, "'", p.name(), "' is ", p.dtype(), ", not bf16");
+    append_bits(run.params, p.value());
+    for (double v : p.value().to_host<double>()) run.final_weights.push_back(v);
+  }
+  require(zero.masters().dtype() == DType::F32, "the masters are ", zero.masters().dtype());
+  append_bits(run.shard_state, zero.masters());
+  for (const auto& e : zero.shard_optimizer().entries()) {
+    append_bits(run.shard_state, e.first_moment);
+    append_bits(run.shard_state, e.second_moment);
+  }
+  return run;
+}
+
+/// Checkpoint regions (full recompute per block; selective segments) under BF16 autocast
+/// with ZeRO-2's f32 masters leave every weight, master and moment bitwise as the same
+/// sharded run without regions does: a recompute replays the forward's autocast, casts
+/// and dropout masks exactly, so the gradients, their reduce-scatter and the updates match.
+int checkpoint_bf16(dist::mpi::Communicator& comm) {
+  const BlockRun plain = train_blocks(comm, Regions::None);
+  require(plain.recomputes == 0, "the run without regions recomputed ", plain.recomputes, " times");
+  double moved = 0;
+  for (std::size_t i = 0; i < plain.final_weights.size(); ++i)
+    moved = std::max(moved, std::abs(plain.final_weights[i] - plain.initial_weights[i]));
+  require(moved > 1e-3, "training moved no weight by more than ", moved);
+  require_same_on_every_rank(comm, plain.final_weights, "bf16 weights without regions");
+  for (Regions regions : {Regions::EveryBlock, Regions::SelectiveSegments}) {
+    const char* what = regions == Regions::EveryBlock ? "every block a region" : "selective segments";
+    const BlockRun checkpointed = train_blocks(comm, regions);
+    // 8 steps x 2 micro-batches, each recomputing 4 regions (every block) or 1 (the first segment)
+    const std::int64_t expected = 16 * (regions == Regions::EveryBlock ? BlockNet::kBlocks : 1);
+    require(checkpointed.recomputes == expected, what, ": ", checkpointed.recomputes, " recomputes, expected ",
+            expected);
+    require(checkpointed.params == plain.params, what, ": the bf16 weights differ from the run without regions");
+    require(checkpointed.shard_state == plain.shard_state, what,
+            ": the f32 masters or moments differ from the run without regions");
+  }
+  return 0;
+}
+
+// The cross-rank mistakes of issue 55: each scenario is a training loop as a user would
+// write it, wrong on the last rank only. None of them may hang or train silently: every
+// rank must end with a message naming the rank and what differs (the CTest cases check
+// both ranks' lines), so each scenario returns 0 only if no rank noticed.
+
+/// Stage 0 (DataParallel + AdamW) or ZeRO-1/2 on TinyNet for `steps` steps, with `options`.
+void train_with(dist::Communicator<B>& comm, int stage, int steps, dist::DataParallelOptions options,
+                const std::vector<Var<B>>* order = nullptr) {
+  TinyNet net;
+  const std::vector<Var<B>> params = order ? *order : net.parameters();
+  const std::int64_t rows = kGlobalBatch / comm.size(), first = comm.rank() * rows;
+  const auto micro_batches = [&](int s, auto&& done) {
+    for (std::int64_t m = 0; m < options.accumulation_steps; ++m) {
+      const std::int64_t n = options.accumulation_steps;
+      backward(net, first + m * rows / n, first + (m + 1) * rows / n, s, DType::F32);
+      done();
+    }
+  };
+  if (stage == 0) {
+    dist::DataParallel<B> sync(comm, params, options);
+    optim::AdamW<B> opt(params, adamw_options());
+    for (int s = 0; s < steps; ++s) {
+      opt.zero_grad();
+      micro_batches(s, [&] { sync.micro_batch_done(); });
+      opt.step();
+    }
+  } else {
+    dist::ZeroOptimizer<B> zero(comm, params, {.stage = stage, .model_dtype = DType::F32, .data_parallel = options},
+                                adamw_options());
+    for (int s = 0; s < steps; ++s) {
+      zero.zero_grad();
+      micro_batches(s, [&] { zero.micro_batch_done(); });
+      zero.step();
+    }
+  }
+}
+
+bool last_rank(const dist::Communicator<B>& comm) { return comm.rank() == comm.size() - 1; }
+
+/// Case 3: the last rank runs 3 steps, the others 4 (the last rank leaves the job early).
+int fewer_steps(dist::mpi::Communicator& comm) {
+  train_with(comm, 0, last_rank(comm) ? 3 : 4, {.bucket_bytes = 64});
+  return 0;
+}
+
+/// Case 3, ZeRO-2: the last rank returns right after building its optimizer.
+int early_return(dist::mpi::Communicator& comm) {
+  train_with(comm, 2, last_rank(comm) ? 0 : 2, {.bucket_bytes = 64});
+  return 0;
+}
+
+/// Case 3, a skipped step: the last rank skips step 1 (a loop that `continue`s past a bad
+/// batch), so it averages once less than the others and leaves while they wait.
+int skipped_step(dist::mpi::Communicator& comm) {
+  TinyNet net;
+  const std::int64_t rows = kGlobalBatch / comm.size(), first = comm.rank() * rows;
+  dist::DataParallel<B> sync(comm, net.parameters(), {.bucket_bytes = 64});
+  optim::AdamW<B> opt(net.parameters(), adamw_options());
+  for (int s = 0; s < 4; ++s) {
+    if (last_rank(comm) && s == 1) continue;
+    opt.zero_grad();
+    backward(net, first, first + rows, s, DType::F32);
+    sync.micro_batch_done();
+    opt.step();
+  }
+  return 0;
+}
+
+/// Case 4: ZeRO stage 1 on every rank but the last, stage 2 there.
+int zero_stages(dist::mpi::Communicator& comm) {
+  train_with(comm, last_rank(comm) ? 2 : 1, 3, {.bucket_bytes = 64});
+  return 0;
+}
+
+/// Case 5: a different bucket size on the last rank.
+int bucket_bytes(dist::mpi::Communicator& comm) {
+  train_with(comm, 0, 3, {.bucket_bytes = last_rank(comm) ? 128 : 64});
+  return 0;
+}
+
+/// Case 6: the same parameters in another order on the last rank; both are [3, 5], so
+/// only their names tell them apart.
+int parameter_order(dist::mpi::Communicator& comm) {
+  nn::Init init(3);
+  nn::Linear<B> a(5, 3, init, false, DType::F32, "a"), b(5, 3, init, false, DType::F32, "b");
+  std::vector<Var<B>> params{a.weight(), b.weight()};
+  if (last_rank(comm)) std::swap(params[0], params[1]);
+  dist::DataParallel<B> sync(comm, params, {.bucket_bytes = 64});
+  return 0;
+}
+
+/// Case 7: two micro-batches per average on the last rank, one on the others.
+int accumulation_steps(dist::mpi::Communicator& comm) {
+  train_with(comm, 0, 3, {.bucket_bytes = 64, .accumulation_steps = last_rank(comm) ? 2 : 1});
+  return 0;
+}
+
+/// Rank 1 arrives 3 s late at a barrier, rank 0 gives up after 2 s (run's timeout): rank 0
+/// names the collective that timed out, and rank 1, arriving, fails naming rank 0.
+int stalled(dist::mpi::Communicator& comm) {
+  if (comm.rank() == 1) std::this_thread::sleep_for(std::chrono::seconds(3));
+  comm.barrier();
+  return 0;
+}
+
+/// Rank 1 throws while the others wait in a collective: the job must end, naming rank 1.
+int abort_on_error(dist::mpi::Communicator& comm) {
+  if (comm.rank() == 1) throw Error("injected failure");
+  comm.barrier();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  dist::mpi::Environment environment(&argc, &argv);
+  const std::string scenario = argc > 1 ? argv[1] : "";
+  // The cross-rank scenarios must end within CTest's 30 s; the others keep the default.
+  dist::mpi::RunOptions options;
+  if (scenario == "stalled") options.timeout = std::chrono::seconds(2);
+  for (const char* name : {"fewer_steps", "early_return", "skipped_step", "zero_stages", "bucket_bytes",
+                           "parameter_order", "accumulation_steps", "abort"})
+    if (scenario == name) options.timeout = std::chrono::seconds(10);
+  return dist::mpi::run(
+      [&] {
+        dist::mpi::Communicator comm;
+        if (scenario == "equivalence") return equivalence(comm);
+        if (scenario == "overflow") return overflow(comm);
+        if (scenario == "empty_shard") return empty_shard(comm);
+        if (scenario == "memory") return memory(comm);
+        if (scenario == "mismatch") return mismatch(comm);
+        if (scenario == "checkpoint_bf16") return checkpoint_bf16(comm);
+        if (scenario == "abort") return abort_on_error(comm);
+        if (scenario == "failed_backward") return failed_backward(comm);
+        if (scenario == "fewer_steps") return fewer_steps(comm);
+        if (scenario == "early_return") return early_return(comm);
+        if (scenario == "skipped_step") return skipped_step(comm);
+        if (scenario == "zero_stages") return zero_stages(comm);
+        if (scenario == "bucket_bytes") return bucket_bytes(comm);
+        if (scenario == "parameter_order") return parameter_order(comm);
+        if (scenario == "accumulation_steps") return accumulation_steps(comm);
+        if (scenario == "stalled") return stalled(comm);
+        throw Error("test_distributed_mpi: unknown scenario '" + scenario + "'");
+      },
+      options);
+}
