@@ -10,6 +10,7 @@
 #include <random>
 #include <vector>
 
+#include "common/provenance.hpp"
 #include "trainmem/core/bfloat16.hpp"
 #include "trainmem/core/half.hpp"
 
@@ -39,7 +40,8 @@ void run(const char* name) {
   }
 }
 
-int main() {
+int main(int argc, char** argv) {
+  std::printf("%s", benchmarks::provenance(argc, argv, 1).text().c_str());
   run<trainmem::BFloat16>("bf16");
   run<trainmem::Half>("f16");
 }

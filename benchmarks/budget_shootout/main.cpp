@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "budget_shootout/gpt.hpp"
+#include "common/provenance.hpp"
 #include "common/stats.hpp"
 #include "common/timing.hpp"
 #include "trainmem/trainmem.hpp"
@@ -256,6 +257,9 @@ int main(int argc, char** argv) {
   app.add_option("--breakdown", breakdown_batch, "where the bytes are at the peak of a step with every block a region");
   CLI11_PARSE(app, argc, argv);
   s.sizes.hidden = 4 * s.sizes.dim;
+  const benchmarks::Provenance provenance = benchmarks::provenance(argc, argv, tmem::num_threads());
+  if (export_dir.empty() && breakdown_batch == 0) benchmarks::check_writable(s.json_path, provenance);
+  std::printf("%s", provenance.text().c_str());
   try {
     if (!export_dir.empty()) {
       export_weights(s, export_dir);
@@ -307,7 +311,11 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
       rows.push_back(r);
     }
-    std::ofstream(s.json_path) << json{{"side", "trainmem"}, {"threads", tmem::num_threads()}, {"rows", rows}}.dump(2)
+    std::ofstream(s.json_path) << json{{"side", "trainmem"},
+                                       {"provenance", json::parse(provenance.json())},
+                                       {"threads", tmem::num_threads()},
+                                       {"rows", rows}}
+                                      .dump(2)
                                << "\n";
     std::printf("budget_shootout: wrote %s\n", s.json_path.c_str());
   } catch (const std::exception& e) {

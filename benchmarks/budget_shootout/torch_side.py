@@ -34,6 +34,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "pytorch"))
 from compare import profiled_peak  # noqa: E402  (the same counting as the side-by-side benchmark)
+from compare import provenance  # noqa: E402  (common/provenance.py, which compare imports)
 
 SCHEDULES = ["none", "per_block", "sqrt"]
 
@@ -256,6 +257,10 @@ def report(result, out_dir):
         lines.append(f"| {s['budget_mib']:.0f} MiB | {s['token_ratio']:.2f}x | {s['time_ratio']:.2f} | "
                      f"{s['best_torch_schedule']} | {s['trainmem_loss']:.4f} vs {s['torch_loss']:.4f} "
                      f"({s['loss_rel_diff'] * 100:.2f}%) |")
+    for path in (out_dir / "budget_shootout.md", out_dir / "budget_shootout.json"):
+        provenance.check_writable(path, result["provenance"])
+    lines.insert(2, provenance.text(result["provenance"], "- ").rstrip("\n").replace("\n", "  \n"))
+    lines.insert(3, "")
     (out_dir / "budget_shootout.md").write_text("\n".join(lines) + "\n")
     (out_dir / "budget_shootout.json").write_text(json.dumps(result, indent=2) + "\n")
     print("\n".join(lines))
@@ -316,7 +321,8 @@ def main():
                         "trainmem_loss": t["losses"][-1], "torch_loss": same["losses"][-1],
                         "loss_rel_diff": abs(t["losses"][-1] - same["losses"][-1]) / abs(same["losses"][-1]),
                         "torch_at_trainmem_batch": same})
-    result = {"benchmark": "budget_shootout", "date": datetime.date.today().isoformat(), "cpu": cpu_model(),
+    result = {"benchmark": "budget_shootout", "provenance": provenance.provenance(args.threads),
+              "date": datetime.date.today().isoformat(), "cpu": cpu_model(),
               "isa": cpu_flags(), "threads": args.threads, "torch_version": torch.__version__,
               "attention": args.attention, "sizes": manifest["sizes"], "steps": steps, "rows": rows,
               "summary": summary}

@@ -35,6 +35,7 @@
 
 #include "trainmem/trainmem.hpp"
 
+#include "common/provenance.hpp"
 #include "common/stats.hpp"
 #include "common/timing.hpp"
 
@@ -199,6 +200,10 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   const int threads = tmem::num_threads();
+  const benchmarks::Provenance provenance = benchmarks::provenance(argc, argv, threads);
+  benchmarks::check_writable(c.json_path, provenance);
+  benchmarks::check_writable(c.svg_path, provenance);
+  std::printf("%s", provenance.text().c_str());
   std::printf("residual MLP chain: width %lld, hidden %lld, batch %lld, f32, %d threads, median of %d steps\n",
               static_cast<long long>(c.width), static_cast<long long>(c.hidden), static_cast<long long>(c.batch),
               threads, c.reps);
@@ -304,6 +309,7 @@ int main(int argc, char** argv) {
   char date[32];
   std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
   nlohmann::json out = {{"benchmark", "checkpoint_schedules"},
+                        {"provenance", nlohmann::json::parse(provenance.json())},
                         {"date", date},
                         {"threads", threads},
                         {"width", c.width},
@@ -316,7 +322,7 @@ int main(int argc, char** argv) {
                         {"sqrt_model", model},
                         {"sqrt_loglog_slope", slope}};
   std::ofstream(c.json_path) << out.dump(2) << "\n";
-  std::ofstream(c.svg_path) << svg_chart(rows, c.sizes);
+  std::ofstream(c.svg_path) << "<!--\n" << provenance.text("") << "-->\n" << svg_chart(rows, c.sizes);
   std::printf("\nwrote %s and %s\n", c.json_path.c_str(), c.svg_path.c_str());
   return 0;
 }

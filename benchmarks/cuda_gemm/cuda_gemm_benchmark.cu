@@ -24,6 +24,8 @@
 #include <string>
 #include <vector>
 
+#include "common/gpu.cuh"
+#include "common/provenance.hpp"
 #include "common/stats.hpp"
 #include "trainmem/cuda.hpp"
 
@@ -244,6 +246,11 @@ int main(int argc, char** argv) {
     Gpu gpu;
     cudaDeviceProp props{};
     TRAINMEM_CUDA_CHECK(cudaGetDeviceProperties(&props, gpu.device()));
+    // One host thread drives the GPU.
+    const benchmarks::Provenance provenance =
+        benchmarks::provenance(argc, argv, 1, benchmarks::gpu_description(gpu.device()));
+    if (!options.json_path.empty()) benchmarks::check_writable(options.json_path, provenance);
+    std::printf("%s", provenance.text().c_str());
     std::mt19937_64 engine(std::random_device{}());
     std::vector<Row> rows;
     for (tmem::DType dtype : {tmem::DType::BF16, tmem::DType::F16})
@@ -261,10 +268,10 @@ int main(int argc, char** argv) {
 
     if (!options.json_path.empty()) {
       std::ofstream out(options.json_path);
-      out << "{\n  \"benchmark\": \"cuda_gemm\",\n  \"device\": \"" << props.name
-          << "\",\n  \"sm_count\": " << props.multiProcessorCount << ",\n  \"timing\": \"cudaEvent, median of "
-          << options.samples << " samples of `inner` calls\",\n  \"verified\": " << (ok ? "true" : "false")
-          << ",\n  \"rows\": [\n";
+      out << "{\n  \"benchmark\": \"cuda_gemm\",\n  \"provenance\": " << provenance.json() << ",\n  \"device\": \""
+          << props.name << "\",\n  \"sm_count\": " << props.multiProcessorCount
+          << ",\n  \"timing\": \"cudaEvent, median of " << options.samples
+          << " samples of `inner` calls\",\n  \"verified\": " << (ok ? "true" : "false") << ",\n  \"rows\": [\n";
       for (std::size_t i = 0; i < rows.size(); ++i) {
         const Row& r = rows[i];
         out << "    {\"m\": " << r.problem.m << ", \"n\": " << r.problem.n << ", \"k\": " << r.problem.k

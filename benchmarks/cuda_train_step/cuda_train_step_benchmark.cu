@@ -34,6 +34,8 @@
 #include <string>
 #include <vector>
 
+#include "common/gpu.cuh"
+#include "common/provenance.hpp"
 #include "common/stats.hpp"
 #include "trainmem/cuda.hpp"
 
@@ -262,6 +264,11 @@ int main(int argc, char** argv) {
     Gpu& gpu = Gpu::default_instance();
     cudaDeviceProp props{};
     TRAINMEM_CUDA_CHECK(cudaGetDeviceProperties(&props, gpu.device()));
+    // One host thread drives the GPU.
+    const benchmarks::Provenance provenance =
+        benchmarks::provenance(argc, argv, 1, benchmarks::gpu_description(gpu.device()));
+    if (!c.json_path.empty()) benchmarks::check_writable(c.json_path, provenance);
+    std::printf("%s", provenance.text().c_str());
     std::mt19937_64 engine(std::random_device{}());
     std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
     std::vector<float> x(static_cast<std::size_t>(c.batch * c.seq * c.dim));
@@ -310,7 +317,8 @@ int main(int argc, char** argv) {
     for (const auto& row : profile) profiled_ms += row.total_ms();
     if (!c.json_path.empty()) {
       std::ofstream out(c.json_path);
-      out << "{\n  \"benchmark\": \"cuda_train_step\",\n  \"device\": \"" << props.name << "\",\n  \"config\": {"
+      out << "{\n  \"benchmark\": \"cuda_train_step\",\n  \"provenance\": " << provenance.json()
+          << ",\n  \"device\": \"" << props.name << "\",\n  \"config\": {"
           << "\"layers\": " << c.layers << ", \"batch\": " << c.batch << ", \"seq\": " << c.seq
           << ", \"dim\": " << c.dim << ", \"heads\": " << c.heads << ", \"hidden\": " << 4 * c.dim
           << ", \"dropout\": " << c.dropout << ", \"steps\": " << c.steps << ", \"warmup\": " << c.warmup

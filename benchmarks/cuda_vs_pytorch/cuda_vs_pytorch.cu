@@ -24,6 +24,8 @@
 #include <nlohmann/json.hpp>
 
 #include "budget_shootout/gpt.hpp"
+#include "common/gpu.cuh"
+#include "common/provenance.hpp"
 #include "common/stats.hpp"
 #include "trainmem/cuda.hpp"
 
@@ -125,6 +127,11 @@ int main(int argc, char** argv) {
     Gpu& gpu = Gpu::default_instance();
     cudaDeviceProp props{};
     TRAINMEM_CUDA_CHECK(cudaGetDeviceProperties(&props, gpu.device()));
+    // One host thread drives the GPU.
+    const benchmarks::Provenance provenance =
+        benchmarks::provenance(argc, argv, 1, benchmarks::gpu_description(gpu.device()));
+    benchmarks::check_writable(c.json_path, provenance);
+    std::printf("%s", provenance.text().c_str());
     const std::vector<std::int32_t> text = shootout::read_bytes(c.text);
 
     shootout::Gpt<Gpu> model(c.sizes, c.batch, kSeed);
@@ -177,6 +184,7 @@ int main(int argc, char** argv) {
     const double tflops = model_flops(c) / (median * 1e-3) / 1e12;
     const tmem::cuda::AttentionPaths& paths = gpu.attention_paths();
     const json result = {{"benchmark", "cuda_vs_pytorch"},
+                         {"provenance", json::parse(provenance.json())},
                          {"side", "trainmem"},
                          {"device", props.name},
                          {"batch", c.batch},

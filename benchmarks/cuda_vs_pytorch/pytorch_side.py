@@ -23,6 +23,9 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "common"))
+import provenance  # noqa: E402  (common/provenance.py: the record every results file carries)
+
 import numpy as np
 
 
@@ -99,6 +102,8 @@ def main():
         "losses": [float(l) for l in losses],
         "warmup_s": warm_s,
     }
+    result["provenance"] = provenance.provenance(
+        torch.get_num_threads(), f"{torch.cuda.get_device_name()}, CUDA runtime {torch.version.cuda} (PyTorch's)")
     Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
     print(f"cuda_vs_pytorch (PyTorch {torch.__version__}, {args.mode}) on {result['device']}: median step "
           f"{median:.2f} ms, {result['tflops']:.1f} TFLOP/s, peak {result['peak_bytes'] / 2**30:.2f} GiB, "

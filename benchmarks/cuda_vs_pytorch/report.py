@@ -12,6 +12,9 @@ import json
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "common"))
+import provenance  # noqa: E402  (common/provenance.py: the record every results file carries)
+
 LOSS_TOLERANCE = 2e-2  # relative, per step: bf16 rounding of the same 23 steps from the same weights
 
 
@@ -65,7 +68,10 @@ def main():
         checks.append(("MFU >= 35% of the bf16 GEMM rate", mfu >= 0.35, f"{mfu:.1%}"))
     for name, met, value in checks:
         print(f"  target {name}: {value} {'met' if met else 'NOT met'}")
-    summary = {"sides": sides, "gemm_bf16_4096_tflops": ceiling,
+    gpu = next((s["provenance"]["gpu"] for s in sides if "provenance" in s), "")  # trainmem's names the driver
+    record = provenance.provenance(1, gpu)
+    provenance.check_writable(out / "cuda_vs_pytorch.json", record)
+    summary = {"provenance": record, "sides": sides, "gemm_bf16_4096_tflops": ceiling,
                "targets": [{"target": n, "met": m, "value": v} for n, m, v in checks]}
     (out / "cuda_vs_pytorch.json").write_text(json.dumps(summary, indent=2) + "\n")
 

@@ -47,6 +47,7 @@
 #include <string>
 #include <vector>
 
+#include "common/provenance.hpp"
 #include "common/stats.hpp"
 #include "common/timing.hpp"
 #include "trainmem/backend/cpu/backend.hpp"
@@ -382,7 +383,7 @@ int main(int argc, char** argv) {
 #endif
   bool check = false, eigen_half_large = false, no_eigen = false, no_large = false;
   std::vector<std::string> shape_names;
-  app.add_option("--json", json_path, "write the results as a JSON array to this file");
+  app.add_option("--json", json_path, "write the results (provenance and rows) to this file");
   app.add_option("--reps", reps, "timed repetitions per figure, at least (median reported)")
       ->check(CLI::Range(7, 1000));
   app.add_option("--warmup", warmup, "untimed repetitions before timing")->check(CLI::Range(1, 100));
@@ -403,6 +404,8 @@ int main(int argc, char** argv) {
   const int openmp_threads = 0;  // built without OpenMP: everything runs on one thread
 #endif
   Eigen::setNbThreads(threads);
+  const benchmarks::Provenance provenance = benchmarks::provenance(argc, argv, threads);
+  if (!json_path.empty()) benchmarks::check_writable(json_path, provenance);
   if (check) {
     int failed = run_check(tmem::cpu::GemmPath::Eigen);
     if (tmem::cpu::onednn_support().built_in) failed |= run_check(tmem::cpu::GemmPath::OneDnn);
@@ -412,6 +415,7 @@ int main(int argc, char** argv) {
 #if !defined(__OPTIMIZE__)
   std::printf("warning: built without optimisation; figures are meaningless\n");
 #endif
+  std::printf("%s", provenance.text().c_str());
   std::printf("threads: %d (OpenMP %d, Eigen %d); median of >= %d timed reps after warm-up; C = A*B, shape MxNxK\n",
               threads, openmp_threads, Eigen::nbThreads(), reps);
   std::printf("err = max |C - C64| / (|A||B|) over %d sampled entries; tol = its bound for the accumulation used\n",
@@ -471,25 +475,28 @@ int main(int argc, char** argv) {
                   std::string(tmem::name_of(r.dtype)).c_str(), r.impl.c_str(), r.path.c_str(), r.ratio, r.best_ratio);
 
   if (!json_path.empty()) {
-    nlohmann::json out = nlohmann::json::array();
+    nlohmann::json out = {{"benchmark", "gemm"},
+                          {"provenance", nlohmann::json::parse(provenance.json())},
+                          {"onednn_isa", onednn.isa},
+                          {"rows", nlohmann::json::array()}};
     for (const auto& r : rows)
-      out.push_back({{"shape", r.shape.name()},
-                     {"m", r.shape.m},
-                     {"n", r.shape.n},
-                     {"k", r.shape.k},
-                     {"dtype", std::string(tmem::name_of(r.dtype))},
-                     {"impl", r.impl},
-                     {"path", r.path},
-                     {"gflops", r.gflops},
-                     {"median_ms", r.median_ms},
-                     {"min_ms", r.min_ms},
-                     {"max_ms", r.max_ms},
-                     {"reps", r.reps},
-                     {"ratio_vs_f32", r.ratio},
-                     {"ratio_vs_f32_best", r.best_ratio},
-                     {"max_rel_error", r.error},
-                     {"tolerance", r.tolerance},
-                     {"threads", threads}});
+      out["rows"].push_back({{"shape", r.shape.name()},
+                             {"m", r.shape.m},
+                             {"n", r.shape.n},
+                             {"k", r.shape.k},
+                             {"dtype", std::string(tmem::name_of(r.dtype))},
+                             {"impl", r.impl},
+                             {"path", r.path},
+                             {"gflops", r.gflops},
+                             {"median_ms", r.median_ms},
+                             {"min_ms", r.min_ms},
+                             {"max_ms", r.max_ms},
+                             {"reps", r.reps},
+                             {"ratio_vs_f32", r.ratio},
+                             {"ratio_vs_f32_best", r.best_ratio},
+                             {"max_rel_error", r.error},
+                             {"tolerance", r.tolerance},
+                             {"threads", threads}});
     std::ofstream file(json_path);
     if (!file) {
       std::fprintf(stderr, "cannot write %s\n", json_path.c_str());

@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "common/machine.hpp"
+#include "common/provenance.hpp"
 #include "common/stats.hpp"
 #include "common/timing.hpp"
 #include "trainmem/trainmem.hpp"
@@ -89,9 +89,11 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--json", json_path, "write the results here");
   CLI11_PARSE(app, argc, argv);
+  const benchmarks::Provenance provenance = benchmarks::provenance(argc, argv, tmem::num_threads());
+  if (!json_path.empty()) benchmarks::check_writable(json_path, provenance);
 
-  std::printf("loss_head: tokens %lld, dim %lld, %d rounds, %d threads\nCPU: %s\n\n", static_cast<long long>(tokens),
-              static_cast<long long>(dim), reps, tmem::num_threads(), benchmarks::cpu_description().c_str());
+  std::printf("%sloss_head: tokens %lld, dim %lld, %d rounds, %d threads\n\n", provenance.text().c_str(),
+              static_cast<long long>(tokens), static_cast<long long>(dim), reps, tmem::num_threads());
   std::printf("%-6s %-5s  %-8s %14s %14s %10s   %s\n", "vocab", "prec", "way", "kept MiB", "step peak MiB", "ms",
               "fused / unfused: kept, peak, time");
   nlohmann::json rows = nlohmann::json::array();
@@ -136,7 +138,8 @@ int main(int argc, char** argv) {
   }
   if (!json_path.empty()) {
     nlohmann::json out{{"benchmark", "loss_head"},
-                       {"cpu", benchmarks::cpu_description()},
+                       {"provenance", nlohmann::json::parse(provenance.json())},
+                       {"cpu", provenance.cpu},
                        {"threads", tmem::num_threads()},
                        {"tokens", tokens},
                        {"dim", dim},

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "common/provenance.hpp"
 #include "common/stats.hpp"
 #include "common/timing.hpp"
 #include "trainmem/trainmem.hpp"
@@ -50,12 +51,14 @@ int main(int argc, char** argv) {
   CLI::App app{"trainmem host time per op (forward + backward) on tiny tensors"};
   std::string json_path, only;
   int chain = 64, reps = 31, warmup = 3;
-  app.add_option("--json", json_path, "write the results as a JSON array to this file");
+  app.add_option("--json", json_path, "write the results (provenance and rows) to this file");
   app.add_option("--chain", chain, "ops per measured step")->check(CLI::Range(1, 100000));
   app.add_option("--reps", reps, "measured steps (median reported)")->check(CLI::Range(3, 100000));
   app.add_option("--op", only, "measure only this op (for profiling)");
   app.add_option("--warmup", warmup, "unmeasured steps first")->check(CLI::Range(1, 1000));
   CLI11_PARSE(app, argc, argv);
+  const benchmarks::Provenance provenance = benchmarks::provenance(argc, argv, tmem::num_threads());
+  if (!json_path.empty()) benchmarks::check_writable(json_path, provenance);
 
   const std::vector<OpCase> cases = {
       {"add", [](const Var& y, const Var& w, const Var&, const Var&) { return tmem::add(y, w); }},
@@ -68,11 +71,14 @@ int main(int argc, char** argv) {
       {"layer_norm", [](const Var& y, const Var&, const Var& v, const Var& v2) { return tmem::layer_norm(y, v, v2); }},
   };
 
+  std::printf("%s", provenance.text().c_str());
   std::printf(
       "trainmem host time per op, forward + backward, [4, 4] F32 tensors, chains of %d ops, "
       "median of %d steps\n\n%-12s %14s %14s\n",
       chain, reps, "op", "us per op", "best us");
-  nlohmann::json out = nlohmann::json::array();
+  nlohmann::json out = {{"benchmark", "op_overhead"},
+                        {"provenance", nlohmann::json::parse(provenance.json())},
+                        {"rows", nlohmann::json::array()}};
   for (const auto& op : cases) {
     if (!only.empty() && op.name != only) continue;
     std::vector<double> per_op_us;
@@ -92,12 +98,12 @@ int main(int argc, char** argv) {
     }
     const double med = benchmarks::median(per_op_us), best = *std::min_element(per_op_us.begin(), per_op_us.end());
     std::printf("%-12s %14.3f %14.3f\n", op.name.c_str(), med, best);
-    out.push_back({{"op", op.name},
-                   {"us_per_op_median", med},
-                   {"us_per_op_best", best},
-                   {"chain", chain},
-                   {"reps", reps},
-                   {"side", "trainmem"}});
+    out["rows"].push_back({{"op", op.name},
+                           {"us_per_op_median", med},
+                           {"us_per_op_best", best},
+                           {"chain", chain},
+                           {"reps", reps},
+                           {"side", "trainmem"}});
   }
   std::printf(
       "\n(per op: forward, its node and saved tensors, and its share of backward; the sum at the end\n"

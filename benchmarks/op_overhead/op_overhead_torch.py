@@ -22,6 +22,9 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "common"))
+import provenance  # noqa: E402  (common/provenance.py: the record every results file carries)
+
 SIDES = [("trainmem", "trainmem"), ("libtorch", "libtorch C++"), ("pytorch", "PyTorch eager")]
 
 
@@ -90,7 +93,8 @@ def report(args):
     for side, _ in SIDES:
         for path in sorted(runs.glob(f"{side}_*.json")):
             rounds[side] = rounds.get(side, 0) + 1
-            for row in json.loads(path.read_text()):
+            held = json.loads(path.read_text())
+            for row in held["rows"] if isinstance(held, dict) else held:  # trainmem's: provenance and rows
                 figures.setdefault(side, {}).setdefault(row["op"], []).append(row["us_per_op_median"])
                 best.setdefault(side, {}).setdefault(row["op"], []).append(row["us_per_op_best"])
                 versions[side] = row.get("version", "")
@@ -101,13 +105,18 @@ def report(args):
     ops = list(figures["trainmem"])
     table = {op: {s: statistics.median(figures[s][op]) for s, _ in sides if op in figures[s]} for op in ops}
     best_table = {op: {s: min(best[s][op]) for s, _ in sides if op in best[s]} for op in ops}
-    meta = {"date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"), "machine": cpu_description(),
+    record = provenance.provenance(settings.get("threads", 1))
+    for path in (results / "op_overhead.json", results / "op_overhead.md"):
+        provenance.check_writable(path, record)
+    meta = {"date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"), "provenance": record,
+            "machine": cpu_description(),
             "loadavg_at_report": [round(x, 2) for x in os.getloadavg()], "rounds": rounds, "versions": versions,
             "settings": settings}
     (results / "op_overhead.json").write_text(json.dumps({"meta": meta, "us_per_op": table, "best_us_per_op": best_table}, indent=2) + "\n")
     label = dict(sides)
     lines = ["# Host time per op: trainmem, libtorch C++ and PyTorch eager", "",
              f"- Date: {meta['date']}",
+             f"- Commit {record['commit']}; machine {record['machine']}; command `{record['command']}`",
              f"- Machine: {meta['machine']}; load average at report time {meta['loadavg_at_report']} (the machine is "
              "shared with other benchmark runs: compare the ratios, which come from one run)",
              f"- Each side: one op applied {settings.get('chain', '?')} times in a row to [4, 4] F32 tensors, then sum "

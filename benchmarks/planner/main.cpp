@@ -41,6 +41,7 @@
 #include "common/chain_models.hpp"
 #include "trainmem/trainmem.hpp"
 
+#include "common/provenance.hpp"
 #include "common/stats.hpp"
 #include "common/timing.hpp"
 
@@ -435,6 +436,9 @@ int main(int argc, char** argv) {
                                : c.precision == "f16" ? tmem::DType::F16
                                                       : tmem::DType::F32;
   const int threads = tmem::num_threads();
+  const benchmarks::Provenance provenance = benchmarks::provenance(argc, argv, threads);
+  benchmarks::check_writable(c.json_path, provenance);
+  std::printf("%s", provenance.text().c_str());
   std::printf(
       "checkpoint planner vs hand schedules, %s, %d threads, median of %d steps, budgets on saved activations\n",
       c.precision == "f32" ? "f32" : (c.precision + " autocast, f32 parameters").c_str(), threads, c.reps);
@@ -460,6 +464,7 @@ int main(int argc, char** argv) {
   char date[32];
   std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
   const nlohmann::json out = {{"benchmark", "planner"},
+                              {"provenance", nlohmann::json::parse(provenance.json())},
                               {"date", date},
                               {"threads", threads},
                               {"precision", c.precision},

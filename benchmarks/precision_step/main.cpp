@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "budget_shootout/gpt.hpp"
-#include "common/machine.hpp"
+#include "common/provenance.hpp"
 #include "common/stats.hpp"
 #include "common/timing.hpp"
 #include "trainmem/trainmem.hpp"
@@ -79,6 +79,8 @@ int main(int argc, char** argv) {
   app.add_option("--json", json_path, "where the JSON goes");
   CLI11_PARSE(app, argc, argv);
   sizes.hidden = 4 * sizes.dim;
+  const benchmarks::Provenance provenance = benchmarks::provenance(argc, argv, tmem::num_threads());
+  benchmarks::check_writable(json_path, provenance);
 
   const std::vector<std::int32_t> text = shootout::read_bytes(text_path);
   const std::array<tmem::DType, 3> precisions{tmem::DType::F32, tmem::DType::BF16, tmem::DType::F16};
@@ -94,16 +96,17 @@ int main(int argc, char** argv) {
     }
 
   const tmem::cpu::OneDnnSupport onednn = tmem::cpu::onednn_support();
+  std::printf("%s", provenance.text().c_str());
   std::printf("precision_step: GPT %lld blocks, dim %lld, seq %lld, batch %lld; %d rounds, %d threads\n",
               static_cast<long long>(sizes.blocks), static_cast<long long>(sizes.dim),
               static_cast<long long>(sizes.seq), static_cast<long long>(batch), rounds, tmem::num_threads());
-  const std::string cpu = benchmarks::cpu_description();
-  std::printf("CPU: %s\n", cpu.c_str());
+  const std::string& cpu = provenance.cpu;
   std::printf("oneDNN: %s; effective ISA %s, AMX %s, BF16 operands to oneDNN %s; vector loops %s\n\n",
               onednn.built_in ? "built in" : "not built in", onednn.isa, onednn.amx ? "yes" : "no",
               onednn.bf16 ? "yes" : "no", tmem::cpu::name_of(tmem::cpu::simd_level()));
   std::printf("%-10s %12s %12s %12s\n", "precision", "median ms", "q1 ms", "q3 ms");
   nlohmann::json out{{"benchmark", "precision_step"},
+                     {"provenance", nlohmann::json::parse(provenance.json())},
                      {"model", {{"blocks", sizes.blocks}, {"dim", sizes.dim}, {"seq", sizes.seq}, {"batch", batch}}},
                      {"rounds", rounds},
                      {"threads", tmem::num_threads()},

@@ -55,6 +55,9 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "common"))
+import provenance  # noqa: E402  (common/provenance.py: the record every results file carries)
+
 import numpy as np
 
 CONFIGS = ["f32", "ckpt_full", "ckpt_sqrt", "bf16"]
@@ -599,7 +602,11 @@ def report(args):
     tm0, pt0 = next(iter(runs.values()))
     settings_file = work / "run_settings.json"
     settings = json.loads(settings_file.read_text()) if settings_file.exists() else {}
+    record = provenance.provenance(tm0["threads"])
+    for path in (results / "pytorch_compare.json", results / "pytorch_compare.md"):
+        provenance.check_writable(path, record)
     meta = {"date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+            "provenance": record, "trainmem_side_provenance": tm0.get("provenance"),
             "machine": machine_info(), "threads": {"trainmem": tm0["threads"], "pytorch": pt0["threads"]},
             "steps": tm0["steps"], "warmup": tm0["warmup"], "rounds": len(tm0.get("rounds", [None])),
             "lr": tm0["lr"], "momentum": tm0["momentum"],
@@ -630,6 +637,8 @@ def markdown(meta, rows):
         "# trainmem vs PyTorch, side by side",
         "",
         f"- Date: {meta['date']}",
+        f"- Commit {meta['provenance']['commit']}; machine {meta['provenance']['machine']}; command "
+        f"`{meta['provenance']['command']}`",
         f"- Machine: {m['cpu']} ({m['cpu_id']}; {m['cpu_flags']}), nproc {m['nproc']}, Linux {m['kernel']}; "
         f"load average at report time "
         f"{m['loadavg_at_report']} (the machine is shared: step times are noisy)",

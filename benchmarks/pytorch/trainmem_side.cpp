@@ -41,6 +41,7 @@
 
 #include <sys/resource.h>
 
+#include "common/provenance.hpp"
 #include "common/stats.hpp"
 #include "common/timing.hpp"
 #include "trainmem/trainmem.hpp"
@@ -424,6 +425,7 @@ int main(int argc, char** argv) {
       {"model", model_name},
       {"config", config},
       {"sizes", s.to_json()},
+      {"provenance", nlohmann::json::parse(benchmarks::provenance(argc, argv, threads).json())},
       {"threads", threads},
       {"build",
        {{"gemm", gemm_description()},

@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "common/provenance.hpp"
 #include "trainmem/distributed/mpi.hpp"
 #include "trainmem/distributed/zero.hpp"
 #include "trainmem/trainmem.hpp"
@@ -138,7 +139,17 @@ int main(int argc, char** argv) {
     s.hidden = 4 * s.dim;
     tmem::dist::mpi::Communicator comm;
     const int n = comm.size();
-    nlohmann::json report = {{"ranks", n}, {"blocks", s.blocks}, {"dim", s.dim}, {"bucket_bytes", s.bucket_bytes}};
+    const benchmarks::Provenance provenance = benchmarks::provenance(argc, argv, tmem::num_threads());
+    if (comm.rank() == 0) {
+      if (!json_path.empty()) benchmarks::check_writable(json_path, provenance);
+      std::printf("%s# ranks: %d (rank 0's machine above)\n", provenance.text().c_str(), n);
+    }
+    nlohmann::json report = {{"benchmark", "sharding"},
+                             {"provenance", nlohmann::json::parse(provenance.json())},
+                             {"ranks", n},
+                             {"blocks", s.blocks},
+                             {"dim", s.dim},
+                             {"bucket_bytes", s.bucket_bytes}};
     const char* names[] = {"parameter", "gradient", "master_weight", "optimizer_state"};
     if (comm.rank() == 0)
       std::printf("%d rank(s), %lld blocks of width %lld, bucket %lld bytes\n%-6s %4s %-16s %12s %14s %10s\n", n,

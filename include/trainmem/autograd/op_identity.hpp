@@ -2,7 +2,7 @@
 //
 // Nodes name their op in errors, and checkpoint policies choose which op outputs to
 // keep by the kind of op that made them. Nothing here is about precision: the autocast category
-// an op also declares lives with the op entry (ops/op_info.hpp).
+// an op also declares lives with the op entry (autocast/op_info.hpp).
 #pragma once
 
 #include <cstdint>

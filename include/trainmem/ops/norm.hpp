@@ -4,7 +4,7 @@
 // layer norm, the reciprocal root mean square for RMS norm: one accumulator value each
 // per row) so backward needs x, not a normalised copy. Statistics accumulate in f32
 // (f64 for f64). Under autocast a 16-bit x is normalised in its own storage with f32
-// math and f32 weights (NOTE [Norms in 16-bit storage] in amp/autocast.hpp).
+// math and f32 weights (NOTE [Norms in 16-bit storage] in autocast/autocast.hpp).
 // Their closures take the SavedTensors by move: four of them copied and dropped again
 // were a few percent of a small layer norm's host time.
 #pragma once

@@ -135,7 +135,8 @@ std::map<std::string, double> Optimizer<B>::options_from(const StateDict& state)
 /// Copies entry `name` into `tensor` (allocated like the entry when absent or of
 /// another shape); drops `tensor` when the state has no such entry.
 template <class B>
-void Optimizer<B>::load_tensor(const StateDict& state, const std::string& name, Tensor<B>& tensor, const Tensor<B>& like) {
+void Optimizer<B>::load_tensor(const StateDict& state, const std::string& name, Tensor<B>& tensor,
+                               const Tensor<B>& like) {
   if (!state.contains(name)) {
     tensor = Tensor<B>();
     return;

@@ -1,7 +1,7 @@
 // trainmem/backend/cuda/fingerprint_checks.cuh — a recompute's fingerprints compared on the device, raised at the next
 // host wait.
 //
-// DeterminismCheck::Fingerprint (checkpoint/determinism.hpp) compares each tensor a
+// DeterminismCheck::Fingerprint (checkpoint/options.hpp, checkpoint/detail/determinism.hpp) compares each tensor a
 // region's recompute brings back with the one its forward dropped. On the CPU that is two
 // integers. Here the forward's fingerprint stays on the device, in a slot of this pool
 // that its Fingerprint handle returns when the region's record goes; the recompute's is
