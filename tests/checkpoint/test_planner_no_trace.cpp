@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -167,6 +168,25 @@ TEST_CASE("planning leaves parameters, masters, optimizer, scaler, RNG and gradi
   // measure() runs planned steps: it too leaves no trace.
   const CheckpointPlan<B> plan = planner.plan(Budget::whole_step(planner.smallest_budget(MemChannel::Total)));
   planner.measure(plan);
+  CHECK(differences(before, run.everything()) == "");
+}
+
+TEST_CASE("a step that throws part way through the profile still leaves no trace", "[checkpoint][planner]") {
+  Run run(DType::F16, false);
+  run.step(0);
+  const StateDict before = run.everything();
+  int steps = 0;
+  const auto make = [&] {
+    return Planner<B>(
+        run.stages,
+        [&](const ChainRunner<B>& r) {
+          run.step(r, 0);
+          if (++steps == 3) throw std::runtime_error("the user's step gave up");
+        },
+        planner_options(run));
+  };
+  CHECK_THROWS_WITH(make(), "the user's step gave up");
+  CHECK(steps == 3);
   CHECK(differences(before, run.everything()) == "");
 }
 
