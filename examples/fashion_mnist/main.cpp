@@ -218,8 +218,11 @@ examples::StepMemory measure_memory(const Options& o, const MemorySettings& sett
   return examples::measure_steady_step(B::default_instance().memory(), step, record_timeline);
 }
 
-/// The planner's schedule for a whole-step budget, planned on a fresh model (its profile
-/// steps are real training steps, so they do not touch the model that is trained).
+/// The planner's schedule for a whole-step budget, planned on a model of its own: the
+/// memory figures printed beside the plan are those of one model alone, and the model
+/// that is trained is made after them. The profile runs the real training step (the
+/// optimizer steps 13 times); `restore` puts parameters, masters, optimizer, scaler and
+/// the tape's random stream back as they were, bitwise.
 template <class Model>
 std::vector<tmem::Segment> plan_schedule(const Options& o, const Dataset& train, std::int64_t budget,
                                          bool report = true) {
@@ -238,8 +241,13 @@ std::vector<tmem::Segment> plan_schedule(const Options& o, const Dataset& train,
         tape, model, model.input(images, n),
         [&](const tmem::Var<B>& logits) { return tmem::cross_entropy(logits, targets); }, run, precision);
   };
+  tmem::PlannerOptions options;
+  options.restore = {optimizer, precision, tape};
+  // These models are not nn::Modules: their parameters (16-bit copies under mixed precision) one by one.
+  std::vector<tmem::Var<B>> parameters = model.parameters();
+  for (tmem::Var<B>& p : parameters) options.restore.push_back(p);
   const auto start = Clock::now();
-  const tmem::Planner<B> planner(stages, step);
+  const tmem::Planner<B> planner(stages, step, options);
   const tmem::CheckpointPlan<B> plan = planner.plan(tmem::Budget::whole_step(budget));
   if (!report) return plan.segments();
   std::printf("%s", plan.str().c_str());

@@ -22,6 +22,10 @@
 //   bool stepped = train.update();
 // Each phase marks itself on the backend's MemoryStats ("forward", "backward",
 // "optimizer"), so a recorded timeline shows where a step's bytes go.
+//
+// state() / load_state(): the masters, the scaler and the count of skipped steps, so a
+// TrainStep goes into trainmem::save / load (and a Planner's restore list) like the
+// optimizer and the model beside it, which hold the rest of a run's state.
 #pragma once
 
 #include <cstdint>
@@ -33,6 +37,7 @@
 #include "trainmem/amp/master_weights.hpp"
 #include "trainmem/autocast/autocast.hpp"
 #include "trainmem/optim/optimizer.hpp"
+#include "trainmem/state/stateful.hpp"
 
 namespace trainmem::amp {
 
@@ -132,6 +137,36 @@ class TrainStep {
   const GradScaler<B>& scaler() const { return scaler_; }
   /// The f32 masters (none under f32 or without master weights).
   const std::optional<MasterWeights<B>>& master_weights() const { return masters_; }
+
+  /// The masters ("masters.*", absent without them), the scaler ("scaler.*") and
+  /// "skipped_steps". The optimizer and the model's parameters are saved on their own.
+  StateDict state() const {
+    StateDict out;
+    if (masters_) out.insert("masters", masters_->state());
+    out.insert("scaler", trainmem::state_of(scaler_));
+    out.set_i64("skipped_steps", skipped_);
+    return out;
+  }
+  /// Throws (naming the entry) unless `state` fits this TrainStep; changes nothing.
+  void check_state(const StateDict& state) const {
+    StateDict rest;
+    for (const auto& [name, entry] : state)
+      if (!StateDict::is_under(name, "scaler") && !(masters_ && StateDict::is_under(name, "masters")))
+        rest.set(name, entry);
+    check_layout(rest, {{"skipped_steps", {StateType::I64, Shape{}}}}, "amp::TrainStep::load_state");
+    trainmem::detail::check(rest.get_i64("skipped_steps") >= 0, "amp::TrainStep::load_state: skipped_steps is ",
+                            rest.get_i64("skipped_steps"), ", expected a count (>= 0)");
+    if (masters_) masters_->check_state(state.sub("masters"));
+    trainmem::check_state(scaler_, state.sub("scaler"));
+  }
+  /// Restores a state() (after check_state: on error nothing changes). As with
+  /// MasterWeights::load_state, the model copies are the model's state: load it too.
+  void load_state(const StateDict& state) {
+    check_state(state);
+    if (masters_) masters_->load_state(state.sub("masters"));
+    trainmem::load_state(scaler_, state.sub("scaler"));
+    skipped_ = state.get_i64("skipped_steps");
+  }
 
  private:
   static TrainStepOptions checked(const TrainStepOptions& options) {

@@ -1,7 +1,7 @@
 // trainmem/checkpoint/planner.hpp — give a byte budget, get the fastest checkpoint schedule
 // of a chain of stages that fits it, run through ordinary regions.
 //
-//   tmem::Planner<B> planner(stages, step);                 // profiles the user's own step
+//   tmem::Planner<B> planner(stages, step, {.restore = {model, masters, optimizer, scaler, tape}});
 //   auto plan = planner.plan(tmem::Budget::whole_step(64 << 20));
 //   std::printf("%s", plan.str().c_str());
 //   step(plan.runner());                                    // a planned step
@@ -17,6 +17,29 @@
 // to pinned host memory (CUDA), offloading a stage is one more choice, taken where its
 // measured time, transfers included, beats recomputing; the CPU has nowhere to offload
 // to, so there it is never one.
+//
+// NOTE [Profiling leaves no trace]
+// The step profiled is the step trained, optimizer.step() and all: profiling runs it
+// 1 + modes x profile_reps times (13 on the CPU at the default 3 reps), and measure()
+// runs it too. `PlannerOptions::restore` names what those steps must leave as they found
+// it: the objects a resumed run loads (trainmem::save's list: the model, masters,
+// optimizer, scaler, the tape or generator, a StateDict of the caller's own such as an LR
+// schedule's step). The planner takes a Snapshot of them (state/snapshot.hpp: host copies
+// of their states and their parameters' gradients) before its first step and restores it
+// after its last, also when a step throws; the thread's cast cache is then cleared (the
+// restored parameters' versions moved, so their 16-bit copies would be remade anyway). So
+// after planning, parameters, masters, optimizer state (moments, step counts, the
+// stochastic-rounding stream), the scaler, the random streams and the gradients are
+// bitwise what they were, and training continues as if no plan had been made.
+// The restore comes once, after the last profiled step, not between steps: the profile
+// measures steady steps (its warm-up allocates the optimizer's state, casts and buffers
+// that every later step finds), and restoring a never-stepped optimizer between steps
+// would make each one a first step. The weights move between the profiled steps as in
+// training; a step's bytes do not depend on them. The snapshot is host memory, which no
+// backend allocator counts, taken before the warm-up: the profile's byte counts are those
+// of the same profile without it. measure() with `restore` runs the plan twice, a warm-up
+// (the profile's steady state) and the measured step, then restores. Without `restore`
+// every profiled step, and measure()'s, is a training step of whatever the step updates.
 #pragma once
 
 #include <chrono>
@@ -26,8 +49,10 @@
 #include <utility>
 #include <vector>
 
+#include "trainmem/autocast/cast_cache.hpp"
 #include "trainmem/checkpoint/planner_profile.hpp"
 #include "trainmem/checkpoint/planner_solver.hpp"
+#include "trainmem/state/snapshot.hpp"
 
 namespace trainmem {
 
@@ -142,22 +167,27 @@ class CheckpointPlan {
 /// \brief Settings of a planner.
 struct PlannerOptions {
   int profile_reps = 3;  // profiled steps per mode (times are their medians)
-  SolverOptions solver;
+  SolverOptions solver{};
+  /// What profiling and measure() leave bitwise as they found it (NOTE [Profiling leaves
+  /// no trace]): the objects a resumed run loads (anything state_of accepts). They must
+  /// outlive the planner. Empty: every profiled step is a real training step.
+  std::vector<SnapshotRef> restore{};
 };
 
 /// \brief Profiles a chain once, then plans it for any budget.
 template <class B>
 class Planner {
  public:
-  /// Profiles `step` (each mode the backend has x options.profile_reps real training steps, plus a warm-up).
-  /// `stages` must outlive the planner and its plans.
+  /// Profiles `step` (each mode the backend has x options.profile_reps real training steps, plus a
+  /// warm-up), then puts options.restore's objects back as they were. `stages` must outlive
+  /// the planner and its plans.
   Planner(const std::vector<Layer<B>>& stages, ChainStep<B> step, PlannerOptions options = {},
           B& backend = B::default_instance())
       : stages_(&stages),
         step_(std::move(step)),
-        options_(checked(options)),
+        options_(checked(std::move(options))),
         backend_(&backend),
-        profile_(profile_chain(stages, step_, backend, options.profile_reps)) {}
+        profile_(leaving_no_trace([&] { return profile_chain(stages, step_, backend, options_.profile_reps); })) {}
   /// The planner keeps a pointer to `stages` for its plans, so a temporary (`Planner
   /// planner(model.stages(), ...)` with stages() returning by value) would dangle: not allowed.
   Planner(const std::vector<Layer<B>>&& stages, ChainStep<B> step, PlannerOptions options = {},
@@ -185,8 +215,46 @@ class Planner {
     return trainmem::smallest_budget(profile_, channel, options_.solver);
   }
 
-  /// Runs one step under `segments` and measures its peaks and time.
+  /// Runs one step under `segments` and measures its peaks and time. With options.restore,
+  /// a warm-up step under `segments` comes first (the steady state the profile measured)
+  /// and the objects are put back afterwards.
   StepMeasurement measure(const std::vector<Segment>& segments) const {
+    return leaving_no_trace([&] {
+      if (!options_.restore.empty()) step_(ChainRunner<B>(*stages_, segments));
+      return measured_step(segments);
+    });
+  }
+  StepMeasurement measure(const CheckpointPlan<B>& plan) const { return measure(plan.segments()); }
+
+ private:
+  /// The options, refused before the profile runs if the solver could not use them.
+  static PlannerOptions checked(PlannerOptions options) {
+    detail::check_solver_options(options.solver);
+    return options;
+  }
+
+  /// `steps()`, with options_.restore's objects put back afterwards (also when it throws)
+  /// and the thread's cast cache cleared.
+  template <class F>
+  auto leaving_no_trace(F&& steps) const {
+    if (options_.restore.empty()) return steps();
+    const Snapshot before(options_.restore);
+    const auto restore = [&before] {
+      before.restore();
+      amp::CastCache<B>::instance().clear();
+    };
+    try {
+      auto result = steps();
+      restore();
+      return result;
+    } catch (...) {
+      restore();
+      throw;
+    }
+  }
+
+  /// One step under `segments`, its peaks and time measured.
+  StepMeasurement measured_step(const std::vector<Segment>& segments) const {
     MemoryStats& stats = backend_->memory();
     backend_->synchronize();
     stats.reset_peak();
@@ -197,14 +265,6 @@ class Planner {
     m.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     m.peak = {stats.peak_device(), stats.peak(MemCategory::SavedActivation)};
     return m;
-  }
-  StepMeasurement measure(const CheckpointPlan<B>& plan) const { return measure(plan.segments()); }
-
- private:
-  /// The options, refused before the profile runs if the solver could not use them.
-  static PlannerOptions checked(PlannerOptions options) {
-    detail::check_solver_options(options.solver);
-    return options;
   }
 
   const std::vector<Layer<B>>* stages_;

@@ -297,7 +297,8 @@ std::vector<ProfileRecorder::Mark> profiled_step(const std::vector<Layer<B>>& st
 /// the median over the rounds (a plan is judged by its median step, and the least of a
 /// few rounds understates a stage by however lucky its quietest round was), bytes come
 /// from the last round (they are exact and repeat). Each profiled step is a real
-/// training step.
+/// training step; a Planner with `restore` puts the state back after the last one
+/// (NOTE [Profiling leaves no trace] in planner.hpp).
 template <class B>
 ChainProfile profile_chain(const std::vector<Layer<B>>& stages, const ChainStep<B>& step, B& backend, int reps = 3) {
   using Mark = detail::ProfileRecorder::Mark;
