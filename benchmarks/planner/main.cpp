@@ -18,11 +18,15 @@
 // machine, not the schedule). The planner also reports its predicted peak and its solve
 // time, and the solve time of a 1024-stage chain (the model's profile repeated). Each
 // budget also prints the profile's lower bound on any schedule's time
-// (added_ms_lower_bound): how close to plain these stages allow.
+// (added_ms_lower_bound): how close to plain these stages allow. With --micro-batches, each
+// transformer is planned again for steps that accumulate gradients over that many
+// micro-batches (PlannerOptions::micro_batches), at whole-step budgets (the plain step's
+// peak, halfway to the smallest, the smallest), and the plan's predicted whole-step peak
+// is set against the measured one ("micro_batch_peaks"; bytes, exact and repeatable).
 //
 //   planner [--json planner.json] [--reps 7] [--models mlp64,mlp256,transformer,transformer_halves]
 //           [--width 128] [--hidden 512] [--batch 128] [--blocks 8] [--profile] [--profile-reps 3]
-//           [--precision f32|bf16|f16]
+//           [--precision f32|bf16|f16] [--micro-batches 1,2,4]
 #include <sys/resource.h>
 
 #include <CLI/CLI.hpp>
@@ -72,7 +76,8 @@ struct Config {
   bool print_profile = false;
   bool op_times = false;
   std::int64_t dim = 128, heads = 4, tokens = 64, seq_batch = 8, vocab = 256;
-  std::string precision = "f32";  // f32, or bf16 / f16: the forward under autocast (mixed precision)
+  std::string precision = "f32";   // f32, or bf16 / f16: the forward under autocast (mixed precision)
+  std::vector<int> micro_batches;  // transformers: also plan steps of this many micro-batches
 };
 
 /// `segments` contiguous regions of `mode` (sizes differ by at most one), the last one
@@ -410,6 +415,61 @@ void run_model(const std::string& name, const Model& model, const Config& c, nlo
   }
 }
 
+/// The whole step's predicted peak against the measured one for steps of each of
+/// c.micro_batches micro-batches, at whole-step budgets: the plain step's peak, halfway
+/// from it to the smallest budget any schedule meets, and that smallest. Beside it, what
+/// the same step measures under the plan for the same budget made for one micro-batch
+/// (what planning without PlannerOptions::micro_batches gave).
+void micro_batch_rows(const std::string& name, const examples::TransformerStack<B>& model, const Config& c,
+                      nlohmann::json& out) {
+  std::printf("\n%s: whole-step peak of a step of k micro-batches, predicted against measured\n", name.c_str());
+  std::printf("%-18s %5s %-9s %14s %14s %14s %9s %5s %16s %5s\n", "model", "k", "budget", "budget B", "predicted B",
+              "measured B", "error", "fits", "as if k = 1: B", "fits");
+  tmem::PlannerOptions one;
+  one.profile_reps = c.profile_reps;
+  const tmem::Planner<B> planner_one(
+      model.stages, [&model](const tmem::ChainRunner<B>& run) { model.step(run, 0.0, 1); }, one);
+  for (const int k : c.micro_batches) {
+    tmem::PlannerOptions options;
+    options.profile_reps = c.profile_reps;
+    options.micro_batches = k;
+    const auto step_k = [&model, k](const tmem::ChainRunner<B>& run) { model.step(run, 0.0, k); };
+    const tmem::Planner<B> planner(model.stages, step_k, options);
+    const std::int64_t plain = planner.profile().plain_peak[0];
+    const std::int64_t least = planner.smallest_budget(tmem::MemChannel::Total);
+    const std::pair<const char*, std::int64_t> budgets[] = {
+        {"plain", plain}, {"halfway", (plain + least) / 2}, {"smallest", least}};
+    for (const auto& [label, bytes] : budgets) {
+      const tmem::CheckpointPlan<B> plan = planner.plan(tmem::Budget::whole_step(bytes));
+      planner.measure(plan);  // warm-up
+      const tmem::StepMeasurement m = planner.measure(plan);
+      const std::int64_t predicted = plan.prediction().peak[0];
+      const double error = static_cast<double>(predicted - m.peak[0]) / static_cast<double>(m.peak[0]);
+      const bool fits = m.peak[0] <= bytes;
+      // The step of k micro-batches under the plan for the same budget made for one (which
+      // that budget always fits: one micro-batch never needs more).
+      const tmem::CheckpointPlan<B> plan_one = planner_one.plan(tmem::Budget::whole_step(bytes));
+      plan_one.step(step_k);  // warm-up
+      const std::int64_t as_one = plan_one.step(step_k).peak[0];
+      std::printf("%-18s %5d %-9s %14lld %14lld %14lld %+8.3f%% %5s %16lld %5s\n", name.c_str(), k, label,
+                  static_cast<long long>(bytes), static_cast<long long>(predicted), static_cast<long long>(m.peak[0]),
+                  100.0 * error, fits ? "yes" : "no", static_cast<long long>(as_one), as_one <= bytes ? "yes" : "no");
+      out.push_back({{"model", name},
+                     {"micro_batches", k},
+                     {"budget", label},
+                     {"budget_bytes", bytes},
+                     {"plain_peak_total_bytes", plain},
+                     {"predicted_peak_total_bytes", predicted},
+                     {"measured_peak_total_bytes", m.peak[0]},
+                     {"relative_error", error},
+                     {"segments", plan.segments().size()},
+                     {"fits", fits},
+                     {"planned_for_one_measured_peak_total_bytes", as_one},
+                     {"planned_for_one_fits", as_one <= bytes}});
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -429,6 +489,9 @@ int main(int argc, char** argv) {
   app.add_option("--dim", c.dim, "transformer: width");
   app.add_option("--tokens", c.tokens, "transformer: sequence length");
   app.add_option("--seq-batch", c.seq_batch, "transformer: sequences per batch");
+  app.add_option("--micro-batches", c.micro_batches,
+                 "transformers: also plan steps of these many micro-batches and compare whole-step peaks")
+      ->delimiter(',');
   app.add_option("--precision", c.precision, "f32, or bf16 / f16: each step's forward under autocast to it")
       ->check(CLI::IsMember({"f32", "bf16", "f16"}));
   CLI11_PARSE(app, argc, argv);
@@ -443,7 +506,8 @@ int main(int argc, char** argv) {
       "checkpoint planner vs hand schedules, %s, %d threads, median of %d steps, budgets on saved activations\n",
       c.precision == "f32" ? "f32" : (c.precision + " autocast, f32 parameters").c_str(), threads, c.reps);
   nlohmann::json rows = nlohmann::json::array(), solves = nlohmann::json::array(), bounds = nlohmann::json::array(),
-                 profiles = nlohmann::json::object(), op_times = nlohmann::json::object();
+                 profiles = nlohmann::json::object(), op_times = nlohmann::json::object(),
+                 micro_batch_peaks = nlohmann::json::array();
   for (const std::string& m : c.models) {
     if (m == "mlp64" || m == "mlp256") {
       examples::ResidualMlpChain<B> chain(m == "mlp64" ? 64 : 256, c.width, c.hidden, c.batch);
@@ -455,6 +519,7 @@ int main(int argc, char** argv) {
       stack.autocast = autocast;
       if (c.op_times && m == "transformer") op_times[m] = block_op_times(stack, 1, 4 * c.reps);  // next to the profile
       run_model(m, stack, c, rows, solves, bounds, profiles);
+      if (!c.micro_batches.empty()) micro_batch_rows(m, stack, c, micro_batch_peaks);
     } else {
       std::fprintf(stderr, "planner: unknown model '%s'\n", m.c_str());
       return 1;
@@ -481,7 +546,9 @@ int main(int argc, char** argv) {
                               {"solves", solves},
                               {"time_ratio_lower_bounds", bounds},
                               {"profiles", profiles},
-                              {"block_op_ms", op_times}};
+                              {"block_op_ms", op_times},
+                              {"micro_batches", c.micro_batches},
+                              {"micro_batch_peaks", micro_batch_peaks}};
   std::ofstream(c.json_path) << out.dump(2) << "\n";
   std::printf("\nwrote %s\n", c.json_path.c_str());
   return 0;

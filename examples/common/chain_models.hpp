@@ -136,9 +136,11 @@ struct TransformerStack {
   TransformerStack(const TransformerStack&) = delete;
   TransformerStack& operator=(const TransformerStack&) = delete;
 
-  void step(const tmem::ChainRunner<B>& run, double lr = 0.0) const {
+  /// One training step of `micro_batches` micro-batches (the same batch each time): the
+  /// gradients of every micro-batch accumulate, then one SGD update (lr 0: the weights stay).
+  void step(const tmem::ChainRunner<B>& run, double lr = 0.0, int micro_batches = 1) const {
     for (auto& p : params) p.zero_grad();
-    {
+    for (int k = 0; k < micro_batches; ++k) {
       tmem::Tape<B> tape;
       auto x = tape.input(input);
       tmem::Var<B> loss;

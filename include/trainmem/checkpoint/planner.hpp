@@ -5,6 +5,9 @@
 //   auto plan = planner.plan(tmem::Budget::whole_step(64 << 20));
 //   std::printf("%s", plan.str().c_str());
 //   step(plan.runner());                                    // a planned step
+//   planner.step(plan);                                     // ... measured, its peak checked
+//   plan.save("plan.json");                                 // later, in another process:
+//   auto fixed = tmem::CheckpointPlan<B>::load(stages, "plan.json", options);  // no profiling
 //
 // The step is the user's training step written against a ChainRunner (run(x) where the
 // stages run, run.backward(loss) where tape.backward would be). The planner profiles it
@@ -40,111 +43,266 @@
 // of the same profile without it. measure() with `restore` runs the plan twice, a warm-up
 // (the profile's steady state) and the measured step, then restores. Without `restore`
 // every profiled step, and measure()'s, is a training step of whatever the step updates.
+//
+// NOTE [Checking the budget]
+// A plan is made for the step profiled; a step that runs more micro-batches than
+// PlannerOptions::micro_batches, other inputs, or other work peaks elsewhere. A measured
+// step (Planner::measure(plan), Planner::step(plan), CheckpointPlan::step) compares its
+// peak on the budget's channel with budget x (1 + BudgetCheck::tolerance): above it,
+// BudgetCheck::on_over_budget gets an OverBudget (budget, peak, prediction, the plan and
+// a one-line message: the library prints nothing, the hook may) and, with
+// BudgetCheck::strict, the step ends in a trainmem::Error carrying that message. The
+// step has run by then (its update included). A step run as step(plan.runner()) is not
+// measured, so not checked. Measuring resets the backend's MemoryStats peak window.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <fstream>
+#include <functional>
+#include <sstream>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 #include "trainmem/autocast/cast_cache.hpp"
+#include "trainmem/checkpoint/plan_file.hpp"
 #include "trainmem/checkpoint/planner_profile.hpp"
 #include "trainmem/checkpoint/planner_solver.hpp"
 #include "trainmem/state/snapshot.hpp"
 
 namespace trainmem {
 
-/// \brief A byte budget: the whole step's peak on the device, or the peak of saved activations.
-struct Budget {
-  MemChannel channel = MemChannel::Total;
-  std::int64_t bytes = 0;
-  static Budget whole_step(std::int64_t bytes) { return {MemChannel::Total, bytes}; }
-  static Budget saved_activations(std::int64_t bytes) { return {MemChannel::Saved, bytes}; }
+/// \brief What a measured step whose peak went over its plan's budget reports (BudgetCheck).
+struct OverBudget {
+  Budget budget;               // the plan's
+  std::int64_t peak = 0;       // the step's measured peak on the budget's channel
+  std::int64_t predicted = 0;  // the plan's predicted peak on that channel
+  double tolerance = 0.0;      // BudgetCheck::tolerance
+  std::string plan;            // the plan, as CheckpointPlan::str() prints it
+  std::string message;         // all of the above in one line, for a log
+};
+
+/// \brief What a measured step does when its peak exceeds its plan's budget by more than
+/// `tolerance` (NOTE [Checking the budget]).
+struct BudgetCheck {
+  double tolerance = 0.02;                                  // a fraction of the budget
+  std::function<void(const OverBudget&)> on_over_budget{};  // called first, e.g. to print a warning
+  bool strict = false;                                      // then: a trainmem::Error
+};
+
+/// \brief Settings of a planner.
+struct PlannerOptions {
+  int profile_reps = 3;  // profiled steps per mode (times are their medians)
+  SolverOptions solver{};
+  /// What profiling and measure() leave bitwise as they found it (NOTE [Profiling leaves
+  /// no trace]): the objects a resumed run loads (anything state_of accepts). They must
+  /// outlive the planner. Empty: every profiled step is a real training step.
+  std::vector<SnapshotRef> restore{};
+  /// Micro-batches the step accumulates gradients over: it calls run(x) and
+  /// run.backward(loss) this many times before its optimizer step (NOTE [Micro-batches]
+  /// in planner_profile.hpp).
+  int micro_batches = 1;
+  /// What measure(plan), Planner::step and CheckpointPlan::step do when a step's peak goes
+  /// over the plan's budget.
+  BudgetCheck budget_check{};
+  /// The user's name for the model (its architecture, sizes, batch shape): a saved plan
+  /// records it and loads only where it is the same (NOTE [Saved plans] in plan_file.hpp).
+  std::string model{};
 };
 
 namespace detail {
-inline const char* channel_name(MemChannel c) { return c == MemChannel::Total ? "whole step" : "saved activations"; }
+/// One step of `step` under `run`, its peaks and time measured.
+template <class B>
+StepMeasurement measured_step(B& backend, const ChainStep<B>& step, const ChainRunner<B>& run) {
+  MemoryStats& stats = backend.memory();
+  backend.synchronize();
+  stats.reset_peak();
+  const auto start = std::chrono::steady_clock::now();
+  step(run);
+  backend.synchronize();  // the step's queued work is part of its time
+  StepMeasurement m;
+  m.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  m.peak = {stats.peak_device(), stats.peak(MemCategory::SavedActivation)};
+  return m;
+}
 }  // namespace detail
 
-/// \brief Peak bytes and time of one step, measured.
-struct StepMeasurement {
-  std::array<std::int64_t, kMemChannels> peak{};
-  double ms = 0.0;
-};
-
-/// \brief A chosen schedule with its prediction; runs through checkpoint regions.
+/// \brief A chosen schedule with its prediction; runs through checkpoint regions. Saved
+/// as JSON and loaded in another process, it runs there without profiling (NOTE [Saved
+/// plans] in plan_file.hpp).
 template <class B>
 class CheckpointPlan {
  public:
   CheckpointPlan(const std::vector<Layer<B>>& stages, std::vector<Segment> segments, PlanPrediction prediction,
-                 Budget budget, const ChainProfile& profile)
-      : stages_(&stages), segments_(merge(std::move(segments))), prediction_(prediction), budget_(budget) {
-    for (const Segment& s : segments_) costs_.push_back(segment_cost(profile, 1, s));
-    model_state_ = profile.model_state;
-    plain_ = {profile.plain_peak, profile.plain_ms};
+                 Budget budget, const ChainProfile& profile, std::string model = {})
+      : stages_(&stages) {
+    record_.model = std::move(model);
+    record_.stages = static_cast<std::int64_t>(stages.size());
+    record_.micro_batches = profile.micro_batches;
+    record_.budget = budget;
+    record_.segments = merge(std::move(segments));
+    for (const Segment& s : record_.segments) {
+      const SegmentCost cost = segment_cost(profile, 1, s);
+      record_.segment_kept.push_back(cost.kept);
+      record_.segment_ms.push_back(cost.ms);
+    }
+    record_.prediction = prediction;
+    record_.model_state = profile.model_state;
+    record_.plain = {profile.plain_peak, profile.plain_ms};
   }
   /// The plan keeps a pointer to `stages` (its runners run them): a temporary would dangle.
   CheckpointPlan(const std::vector<Layer<B>>&& stages, std::vector<Segment> segments, PlanPrediction prediction,
-                 Budget budget, const ChainProfile& profile) = delete;
+                 Budget budget, const ChainProfile& profile, std::string model = {}) = delete;
 
-  const std::vector<Segment>& segments() const { return segments_; }
-  const PlanPrediction& prediction() const { return prediction_; }
-  const Budget& budget() const { return budget_; }
-  ChainRunner<B> runner() const { return ChainRunner<B>(*stages_, segments_); }
+  /// The plan saved in `path` (save()), for `stages`; nothing is profiled. Refused with a
+  /// trainmem::Error naming the field where the file is not a plan of this version, or is
+  /// for another model: other than stages.size() stages, `options.model` and
+  /// `options.micro_batches` micro-batches a step (NOTE [Saved plans] in plan_file.hpp).
+  static CheckpointPlan load(const std::vector<Layer<B>>& stages, const std::string& path,
+                             const PlannerOptions& options = {}) {
+    std::ifstream in(path, std::ios::binary);
+    detail::check(static_cast<bool>(in), "checkpoint plan ", path, ": cannot open the file");
+    std::ostringstream text;
+    text << in.rdbuf();
+    return from_json(stages, text.str(), options, path);
+  }
+  static CheckpointPlan load(const std::vector<Layer<B>>&& stages, const std::string& path,
+                             const PlannerOptions& options = {}) = delete;
+  /// load() from JSON text; `source` names it in an Error.
+  static CheckpointPlan from_json(const std::vector<Layer<B>>& stages, std::string_view text,
+                                  const PlannerOptions& options = {}, const std::string& source = "plan") {
+    PlanRecord r = PlanRecord::from_json(text, source);
+    const std::string who = "checkpoint plan " + source;
+    const auto n = static_cast<std::int64_t>(stages.size());
+    detail::check(r.stages == n, who, ": field 'stages' is ", r.stages, " but the chain has ", n,
+                  " stages: the plan is for another model");
+    detail::check(r.model == options.model, who, ": field 'model' is '", r.model, "' but PlannerOptions::model is '",
+                  options.model, "': the plan is for another model");
+    detail::check(r.micro_batches == options.micro_batches, who, ": field 'micro_batches' is ", r.micro_batches,
+                  " but PlannerOptions::micro_batches is ", options.micro_batches,
+                  ": the plan's peak is for steps of that many micro-batches");
+    for (std::size_t i = 0; i < r.segments.size(); ++i)
+      detail::check(HasOffload<B> || r.segments[i].mode != StageMode::Offload, who, ": field 'segments[", i,
+                    "].mode' is 'offload', and this backend has no host memory to offload to");
+    return CheckpointPlan(stages, std::move(r));
+  }
+  static CheckpointPlan from_json(const std::vector<Layer<B>>&& stages, std::string_view text,
+                                  const PlannerOptions& options = {}, const std::string& source = "plan") = delete;
+
+  /// The plan as JSON (PlanRecord::to_json).
+  std::string to_json() const { return record_.to_json(); }
+  /// Writes to_json() to `path`.
+  void save(const std::string& path) const {
+    const std::string text = to_json();
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    detail::check(static_cast<bool>(out), "checkpoint plan ", path, ": cannot open the file for writing");
+    out.write(text.data(), static_cast<std::streamsize>(text.size()));
+    out.close();
+    detail::check(static_cast<bool>(out), "checkpoint plan ", path, ": writing the file failed");
+  }
+
+  /// Everything the plan holds (what save() writes).
+  const PlanRecord& record() const { return record_; }
+  const std::vector<Segment>& segments() const { return record_.segments; }
+  const PlanPrediction& prediction() const { return record_.prediction; }
+  const Budget& budget() const { return record_.budget; }
+  ChainRunner<B> runner() const { return ChainRunner<B>(*stages_, record_.segments); }
+
+  /// Whether `m` is within the budget: its peak on the budget's channel at most
+  /// budget x (1 + check.tolerance). If not, check.on_over_budget hears of it and, under
+  /// check.strict, a trainmem::Error says so (NOTE [Checking the budget]).
+  bool check(const StepMeasurement& m, const BudgetCheck& check) const {
+    const int c = static_cast<int>(record_.budget.channel);
+    const double limit = static_cast<double>(record_.budget.bytes) * (1.0 + check.tolerance);
+    if (static_cast<double>(m.peak[c]) <= limit) return true;
+    OverBudget over{record_.budget, m.peak[c], record_.prediction.peak[c], check.tolerance, str(), {}};
+    over.message = detail::concat(
+        "checkpoint plan: the step's ", detail::channel_name(record_.budget.channel), " peak was ", m.peak[c],
+        " bytes (", format_bytes(m.peak[c]), "), over its budget of ", record_.budget.bytes, " bytes (",
+        format_bytes(record_.budget.bytes), ") by ",
+        100.0 * (static_cast<double>(m.peak[c]) / static_cast<double>(record_.budget.bytes) - 1.0),
+        "%, more than the tolerance of ", 100.0 * check.tolerance, "%; the plan predicted ", over.predicted,
+        " bytes for steps of ", record_.micro_batches,
+        " micro-batches (a step of more micro-batches, or of other work than the step profiled, is not the step "
+        "planned)");
+    if (check.on_over_budget) check.on_over_budget(over);
+    detail::check(!check.strict, over.message);
+    return false;
+  }
+
+  /// Runs one training step `step` under the plan, measures its peaks and time, and checks
+  /// them against the budget (check()). The step trains, as any step does.
+  StepMeasurement step(const ChainStep<B>& step, const BudgetCheck& budget_check = {},
+                       B& backend = B::default_instance()) const {
+    const StepMeasurement m = detail::measured_step(backend, step, runner());
+    check(m, budget_check);
+    return m;
+  }
 
   /// One line per run of equal segments: stages, decision, bytes kept, predicted time.
   std::string str() const {
+    const std::vector<Segment>& segments = record_.segments;
     std::string out;
-    char line[256];
-    std::snprintf(line, sizeof line, "checkpoint plan for %zu stages, budget %s %s (model state %s):\n",
-                  stages_->size(), detail::channel_name(budget_.channel), format_bytes(budget_.bytes).c_str(),
-                  format_bytes(model_state_).c_str());
+    char line[320];
+    const std::string micro =
+        record_.micro_batches > 1
+            ? detail::concat(", ", record_.micro_batches, " micro-batches a step (segment times per micro-batch)")
+            : std::string();
+    std::snprintf(line, sizeof line, "checkpoint plan for %zu stages, budget %s %s (model state %s)%s:\n",
+                  stages_->size(), detail::channel_name(record_.budget.channel),
+                  format_bytes(record_.budget.bytes).c_str(), format_bytes(record_.model_state).c_str(), micro.c_str());
     out += line;
-    for (std::size_t i = 0; i < segments_.size();) {
+    for (std::size_t i = 0; i < segments.size();) {
       std::size_t e = i + 1;
-      const std::int64_t len = segments_[i].end - segments_[i].begin;
-      while (e < segments_.size() && segments_[e].mode == segments_[i].mode &&
-             segments_[e].end - segments_[e].begin == len)
+      const std::int64_t len = segments[i].end - segments[i].begin;
+      while (e < segments.size() && segments[e].mode == segments[i].mode && segments[e].end - segments[e].begin == len)
         ++e;
       std::int64_t kept = 0;
       double ms = 0.0;
-      for (std::size_t k = i; k < e; ++k) kept += costs_[k].kept, ms += costs_[k].ms;
-      std::string what = segments_[i].mode == StageMode::Keep
+      for (std::size_t k = i; k < e; ++k) kept += record_.segment_kept[k], ms += record_.segment_ms[k];
+      std::string what = segments[i].mode == StageMode::Keep
                              ? std::string("keep everything")
                              : std::to_string(e - i) + (e - i == 1 ? " region" : " regions") + " of " +
                                    std::to_string(len) + (len == 1 ? " stage, " : " stages, ") +
-                                   name_of(segments_[i].mode);
+                                   name_of(segments[i].mode);
       std::snprintf(line, sizeof line, "  stages %4lld-%-4lld  %-40s keeps %12s  %9.2f ms\n",
-                    static_cast<long long>(segments_[i].begin), static_cast<long long>(segments_[e - 1].end - 1),
+                    static_cast<long long>(segments[i].begin), static_cast<long long>(segments[e - 1].end - 1),
                     what.c_str(), format_bytes(kept).c_str(), ms);
       out += line;
       i = e;
     }
+    const PlanPrediction& p = record_.prediction;
+    const StepMeasurement& plain = record_.plain;
     std::snprintf(line, sizeof line,
                   "predicted: whole step %s, saved activations %s, step %.2f ms (plain step: %s, %s, %.2f ms)\n",
-                  format_bytes(prediction_.peak[0]).c_str(), format_bytes(prediction_.peak[1]).c_str(), prediction_.ms,
-                  format_bytes(plain_.peak[0]).c_str(), format_bytes(plain_.peak[1]).c_str(), plain_.ms);
+                  format_bytes(p.peak[0]).c_str(), format_bytes(p.peak[1]).c_str(), p.ms,
+                  format_bytes(plain.peak[0]).c_str(), format_bytes(plain.peak[1]).c_str(), plain.ms);
     out += line;
     return out;
   }
 
   /// Predicted against measured, one line.
   std::string compare(const StepMeasurement& m) const {
+    const PlanPrediction& p = record_.prediction;
     char line[320];
     const auto rel = [](double a, double b) { return b == 0 ? 0.0 : 100.0 * (a - b) / b; };
     std::snprintf(line, sizeof line,
                   "measured: whole step %s (predicted %s, %+.2f%%), saved activations %s (predicted %s, %+.2f%%), "
                   "step %.2f ms (predicted %.2f ms)\n",
-                  format_bytes(m.peak[0]).c_str(), format_bytes(prediction_.peak[0]).c_str(),
-                  rel(static_cast<double>(prediction_.peak[0]), static_cast<double>(m.peak[0])),
-                  format_bytes(m.peak[1]).c_str(), format_bytes(prediction_.peak[1]).c_str(),
-                  rel(static_cast<double>(prediction_.peak[1]), static_cast<double>(m.peak[1])), m.ms, prediction_.ms);
+                  format_bytes(m.peak[0]).c_str(), format_bytes(p.peak[0]).c_str(),
+                  rel(static_cast<double>(p.peak[0]), static_cast<double>(m.peak[0])), format_bytes(m.peak[1]).c_str(),
+                  format_bytes(p.peak[1]).c_str(), rel(static_cast<double>(p.peak[1]), static_cast<double>(m.peak[1])),
+                  m.ms, p.ms);
     return line;
   }
 
  private:
+  CheckpointPlan(const std::vector<Layer<B>>& stages, PlanRecord record)
+      : stages_(&stages), record_(std::move(record)) {}
+
   /// Consecutive Keep stages become one Keep segment (what runs is the same).
   static std::vector<Segment> merge(std::vector<Segment> segments) {
     std::vector<Segment> out;
@@ -156,22 +314,7 @@ class CheckpointPlan {
   }
 
   const std::vector<Layer<B>>* stages_;
-  std::vector<Segment> segments_;
-  std::vector<SegmentCost> costs_;  // saved-activation channel
-  PlanPrediction prediction_;
-  Budget budget_;
-  std::int64_t model_state_ = 0;
-  StepMeasurement plain_;
-};
-
-/// \brief Settings of a planner.
-struct PlannerOptions {
-  int profile_reps = 3;  // profiled steps per mode (times are their medians)
-  SolverOptions solver{};
-  /// What profiling and measure() leave bitwise as they found it (NOTE [Profiling leaves
-  /// no trace]): the objects a resumed run loads (anything state_of accepts). They must
-  /// outlive the planner. Empty: every profiled step is a real training step.
-  std::vector<SnapshotRef> restore{};
+  PlanRecord record_;
 };
 
 /// \brief Profiles a chain once, then plans it for any budget.
@@ -187,7 +330,8 @@ class Planner {
         step_(std::move(step)),
         options_(checked(std::move(options))),
         backend_(&backend),
-        profile_(leaving_no_trace([&] { return profile_chain(stages, step_, backend, options_.profile_reps); })) {}
+        profile_(leaving_no_trace(
+            [&] { return profile_chain(stages, step_, backend, options_.profile_reps, options_.micro_batches); })) {}
   /// The planner keeps a pointer to `stages` for its plans, so a temporary (`Planner
   /// planner(model.stages(), ...)` with stages() returning by value) would dangle: not allowed.
   Planner(const std::vector<Layer<B>>&& stages, ChainStep<B> step, PlannerOptions options = {},
@@ -207,7 +351,7 @@ class Planner {
                                  format_bytes(least), "), of which ", state, " bytes (", format_bytes(state),
                                  ") are model state (parameters, gradients, master weights, optimizer state)"));
     }
-    return CheckpointPlan<B>(*stages_, s.segments, s.prediction, budget, profile_);
+    return CheckpointPlan<B>(*stages_, s.segments, s.prediction, budget, profile_, options_.model);
   }
 
   /// The smallest predicted peak any schedule reaches on `channel`.
@@ -221,15 +365,32 @@ class Planner {
   StepMeasurement measure(const std::vector<Segment>& segments) const {
     return leaving_no_trace([&] {
       if (!options_.restore.empty()) step_(ChainRunner<B>(*stages_, segments));
-      return measured_step(segments);
+      return detail::measured_step(*backend_, step_, ChainRunner<B>(*stages_, segments));
     });
   }
-  StepMeasurement measure(const CheckpointPlan<B>& plan) const { return measure(plan.segments()); }
+  /// measure(plan.segments()), checked against the plan's budget (options.budget_check).
+  StepMeasurement measure(const CheckpointPlan<B>& plan) const {
+    const StepMeasurement m = measure(plan.segments());
+    plan.check(m, options_.budget_check);
+    return m;
+  }
+
+  /// One training step under `plan` (nothing restored: it trains), measured and checked
+  /// against the plan's budget (options.budget_check): CheckpointPlan::step with this
+  /// planner's step.
+  StepMeasurement step(const CheckpointPlan<B>& plan) const {
+    return plan.step(step_, options_.budget_check, *backend_);
+  }
 
  private:
   /// The options, refused before the profile runs if the solver could not use them.
   static PlannerOptions checked(PlannerOptions options) {
     detail::check_solver_options(options.solver);
+    detail::check(options.micro_batches >= 1,
+                  "checkpoint planner: PlannerOptions::micro_batches must be at least 1, got ", options.micro_batches);
+    detail::check(options.budget_check.tolerance >= 0.0,
+                  "checkpoint planner: BudgetCheck::tolerance must be a fraction >= 0, got ",
+                  options.budget_check.tolerance);
     return options;
   }
 
@@ -251,20 +412,6 @@ class Planner {
       restore();
       throw;
     }
-  }
-
-  /// One step under `segments`, its peaks and time measured.
-  StepMeasurement measured_step(const std::vector<Segment>& segments) const {
-    MemoryStats& stats = backend_->memory();
-    backend_->synchronize();
-    stats.reset_peak();
-    const auto start = std::chrono::steady_clock::now();
-    step_(ChainRunner<B>(*stages_, segments));
-    backend_->synchronize();  // the step's queued work is part of its time
-    StepMeasurement m;
-    m.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-    m.peak = {stats.peak_device(), stats.peak(MemCategory::SavedActivation)};
-    return m;
   }
 
   const std::vector<Layer<B>>* stages_;

@@ -18,6 +18,20 @@
 // leaves kept), its forward and backward peaks above the live bytes at their starts,
 // and the live change over its backward. Probes run only in profiling; a planned step
 // runs the stages through ordinary regions and nothing else.
+//
+// NOTE [Micro-batches]
+// A step that accumulates gradients over k micro-batches runs the chain k times before
+// its optimizer step (ChainProfile::micro_batches, PlannerOptions::micro_batches): it
+// calls run(x) and run.backward(loss) once per micro-batch. The first micro-batch's
+// backward allocates the gradients; every later one runs its forward and backward with
+// all of them live (its backward adds into them), so a later micro-batch peaks higher by
+// about the gradients' bytes. The profile marks every micro-batch and takes the stages'
+// bytes from the last one (the steady one, gradients live from its start), their times
+// as medians over all micro-batches and rounds; the first micro-batch's costs are kept
+// beside them (ChainProfile::first_micro_batch), and a schedule's predicted peak is the
+// larger of the two (planner_solver.hpp). Everything between the micro-batches (tearing
+// down a micro-batch's tape) and after the last (the optimizer) is part of the step
+// outside the chain.
 #pragma once
 
 #include <algorithm>
@@ -126,8 +140,14 @@ struct ChainProfile {
   // Modes the profile ran: all but Offload everywhere, Offload where the backend offloads.
   std::array<bool, kStageModes> measured{true, true, true, true, false};
   std::int64_t model_state = 0;  // parameters + gradients + master weights + optimizer state, at most
-  double outside_ms = 0.0;       // time of the step outside the stages
-  double plain_ms = 0.0;         // the plain step's measured time
+  double outside_ms = 0.0;       // time of the step outside the stages (all its micro-batches)
+  double plain_ms = 0.0;         // the plain step's measured time (all its micro-batches)
+  // Micro-batches a step runs the chain for (NOTE [Micro-batches]): the costs above are
+  // the last micro-batch's, a stage's times are per micro-batch.
+  int micro_batches = 1;
+  // With micro_batches > 1: the first micro-batch's costs (its gradients appear during its
+  // backward), a profile of one micro-batch; empty otherwise.
+  std::vector<ChainProfile> first_micro_batch;
 
   std::int64_t size() const { return static_cast<std::int64_t>(stages.size()); }
 };
@@ -255,7 +275,8 @@ class ChainRunner {
 };
 
 /// A training step written against a ChainRunner: runs `run(x)` once on its chain input
-/// and `run.backward(loss)` once instead of tape.backward(loss).
+/// and `run.backward(loss)` once instead of tape.backward(loss), or each once per
+/// micro-batch when it accumulates gradients over several (NOTE [Micro-batches]).
 template <class B>
 using ChainStep = std::function<void(const ChainRunner<B>&)>;
 
@@ -264,7 +285,8 @@ namespace detail {
 /// One profiled step in `mode` (every stage its own segment).
 template <class B>
 std::vector<ProfileRecorder::Mark> profiled_step(const std::vector<Layer<B>>& stages, const ChainStep<B>& step,
-                                                 B& backend, StageMode mode, std::vector<std::int64_t>& output_bytes,
+                                                 B& backend, StageMode mode, int micro_batches,
+                                                 std::vector<std::int64_t>& output_bytes,
                                                  std::vector<bool>& output_saved) {
   std::vector<Segment> segments;
   const auto n = static_cast<std::int64_t>(stages.size());
@@ -273,17 +295,18 @@ std::vector<ProfileRecorder::Mark> profiled_step(const std::vector<Layer<B>>& st
   ProfileRecorder recorder;
   recorder.stats = &stats;
   recorder.synchronize = [&backend] { backend.synchronize(); };
-  recorder.marks.reserve(static_cast<std::size_t>(2 * n + 5));
+  const auto expected = static_cast<std::size_t>(micro_batches * (2 * n + 3) + 2);
+  recorder.marks.reserve(expected);
   ChainRunner<B> runner(stages, segments, &recorder);
   backend.synchronize();
   stats.reset_peak();
   recorder.mark();
   step(runner);
   recorder.mark();
-  check(recorder.marks.size() == static_cast<std::size_t>(2 * n + 5), "checkpoint planner: the profiled step made ",
-        recorder.marks.size(), " marks, expected ", 2 * n + 5, " for ", n,
-        " stages: the step must call run(x) once on the chain's input, every stage's output must require grad, "
-        "and the step must call run.backward(loss) once");
+  check(recorder.marks.size() == expected, "checkpoint planner: the profiled step made ", recorder.marks.size(),
+        " marks, expected ", expected, " for ", n, " stages and ", micro_batches,
+        " micro-batches (PlannerOptions::micro_batches): the step must call run(x) once on the chain's input and "
+        "run.backward(loss) once per micro-batch, and every stage's output must require grad");
   output_bytes = recorder.output_bytes;
   if (mode == StageMode::Keep) output_saved = recorder.output_saved;
   return recorder.marks;
@@ -295,16 +318,20 @@ std::vector<ProfileRecorder::Mark> profiled_step(const std::vector<Layer<B>>& st
 /// later step finds: optimizer state, casts, pinned buffers), then `reps` rounds of one
 /// step per mode, round-robin (Offload only where the backend has HasOffload); a time is
 /// the median over the rounds (a plan is judged by its median step, and the least of a
-/// few rounds understates a stage by however lucky its quietest round was), bytes come
-/// from the last round (they are exact and repeat). Each profiled step is a real
-/// training step; a Planner with `restore` puts the state back after the last one
-/// (NOTE [Profiling leaves no trace] in planner.hpp).
+/// few rounds understates a stage by however lucky its quietest round was) and, for a
+/// stage, over the step's `micro_batches` micro-batches; bytes come from the last round
+/// (they are exact and repeat) and its last micro-batch, the first micro-batch's beside
+/// them (NOTE [Micro-batches]). Each profiled step is a real training step; a Planner
+/// with `restore` puts the state back after the last one (NOTE [Profiling leaves no
+/// trace] in planner.hpp).
 template <class B>
-ChainProfile profile_chain(const std::vector<Layer<B>>& stages, const ChainStep<B>& step, B& backend, int reps = 3) {
+ChainProfile profile_chain(const std::vector<Layer<B>>& stages, const ChainStep<B>& step, B& backend, int reps = 3,
+                           int micro_batches = 1) {
   using Mark = detail::ProfileRecorder::Mark;
   const auto n = static_cast<std::int64_t>(stages.size());
   detail::check(n > 0, "profile_chain: no stages");
   detail::check(reps >= 1, "profile_chain: reps must be >= 1, got ", reps);
+  detail::check(micro_batches >= 1, "profile_chain: micro_batches must be >= 1, got ", micro_batches);
   step(ChainRunner<B>(stages, {{0, n, StageMode::Keep}}));  // warm-up
   if constexpr (HasOffload<B>) {  // and the pinned buffers an Offload step takes from its cache
     std::vector<Segment> offloaded;
@@ -319,84 +346,121 @@ ChainProfile profile_chain(const std::vector<Layer<B>>& stages, const ChainStep<
   for (int r = 0; r < reps; ++r)
     for (int m = 0; m < kStageModes; ++m)
       if (measured[static_cast<std::size_t>(m)])
-        runs[m].push_back(
-            detail::profiled_step(stages, step, backend, static_cast<StageMode>(m), output_bytes, output_saved));
+        runs[m].push_back(detail::profiled_step(stages, step, backend, static_cast<StageMode>(m), micro_batches,
+                                                output_bytes, output_saved));
 
-  // Mark indices: 0 step start, 1 chain start, 2+k after stage k, n+2 backward call,
-  // n+3+(n-1-k) stage k's output gradient ready, 2n+3 backward return, 2n+4 step end.
-  const auto bwd_index = [n](std::int64_t k) { return static_cast<std::size_t>(n + 3 + (n - 1 - k)); };
-  const auto span_ms = [&](int m, std::size_t a, std::size_t b) {  // the median over the rounds
-    std::vector<double> v;
-    for (const auto& marks : runs[m]) v.push_back(marks[b].ms - marks[a].ms);
+  // Mark indices: 0 step start; micro-batch i's marks from base(i) = 1 + i(2n+3) on:
+  // +0 chain start, +1+k after stage k, +n+1 backward call, +n+2+(n-1-k) stage k's output
+  // gradient ready, +2n+2 backward return; the step's end last.
+  const auto per_batch = static_cast<std::size_t>(2 * n + 3);
+  const auto base = [per_batch](int i) { return 1 + static_cast<std::size_t>(i) * per_batch; };
+  const std::size_t last = base(micro_batches);
+  const auto bwd_index = [n](std::int64_t k) { return static_cast<std::size_t>(n + 2 + (n - 1 - k)); };
+  const auto median = [](std::vector<double> v) {
     std::sort(v.begin(), v.end());
     const std::size_t h = v.size() / 2;
     return v.size() % 2 == 1 ? v[h] : 0.5 * (v[h - 1] + v[h]);
   };
-  ChainProfile p;
-  p.measured = measured;
-  p.stages.resize(static_cast<std::size_t>(n));
-  for (int m = 0; m < kStageModes; ++m) {
-    if (!measured[static_cast<std::size_t>(m)]) continue;  // never planned: solve_chain skips it
-    const std::vector<Mark>& mk = runs[m].back();
-    for (std::int64_t k = 0; k < n; ++k) {
-      StageCosts& s = p.stages[static_cast<std::size_t>(k)];
-      const std::size_t f0 = static_cast<std::size_t>(1 + k), f1 = f0 + 1, b0 = bwd_index(k), b1 = b0 + 1;
-      s.fwd_ms[m] = span_ms(m, f0, f1);
-      s.bwd_ms[m] = span_ms(m, b0, b1);
-      for (int c = 0; c < kMemChannels; ++c) {
-        s.kept[m][c] = mk[f1].live[c] - mk[f0].live[c];
-        s.fwd_peak[m][c] = mk[f1].peak[c] - mk[f0].live[c];
-        s.bwd_peak[m][c] = mk[b1].peak[c] - mk[b0].live[c];
-        s.bwd_change[m][c] = mk[b1].live[c] - mk[b0].live[c];
+  const auto span_ms = [&](int m, std::size_t a, std::size_t b) {  // the median over the rounds
+    std::vector<double> v;
+    for (const auto& marks : runs[m]) v.push_back(marks[b].ms - marks[a].ms);
+    return median(v);
+  };
+  // A window of every micro-batch (offsets from base): the median over rounds and micro-batches.
+  const auto batch_span_ms = [&](int m, std::size_t a, std::size_t b) {
+    std::vector<double> v;
+    for (const auto& marks : runs[m])
+      for (int i = 0; i < micro_batches; ++i) v.push_back(marks[base(i) + b].ms - marks[base(i) + a].ms);
+    return median(v);
+  };
+  // The costs with micro-batch i's bytes (times are every micro-batch's).
+  const auto costs_of = [&](int i) {
+    const std::size_t b = base(i);
+    ChainProfile p;
+    p.measured = measured;
+    p.stages.resize(static_cast<std::size_t>(n));
+    for (int m = 0; m < kStageModes; ++m) {
+      if (!measured[static_cast<std::size_t>(m)]) continue;  // never planned: solve_chain skips it
+      const std::vector<Mark>& mk = runs[m].back();
+      for (std::int64_t k = 0; k < n; ++k) {
+        StageCosts& s = p.stages[static_cast<std::size_t>(k)];
+        const auto f0 = static_cast<std::size_t>(k), f1 = f0 + 1, b0 = bwd_index(k), b1 = b0 + 1;
+        s.fwd_ms[m] = batch_span_ms(m, f0, f1);
+        s.bwd_ms[m] = batch_span_ms(m, b0, b1);
+        for (int c = 0; c < kMemChannels; ++c) {
+          s.kept[m][c] = mk[b + f1].live[c] - mk[b + f0].live[c];
+          s.fwd_peak[m][c] = mk[b + f1].peak[c] - mk[b + f0].live[c];
+          s.bwd_peak[m][c] = mk[b + b1].peak[c] - mk[b + b0].live[c];
+          s.bwd_change[m][c] = mk[b + b1].live[c] - mk[b + b0].live[c];
+        }
+        s.output_bytes = output_bytes[static_cast<std::size_t>(k)];
       }
-      s.output_bytes = output_bytes[static_cast<std::size_t>(k)];
     }
-  }
-  // A stage without fused attention keeps under save_attention just what it keeps under
-  // recompute_all: it is that mode there, so it takes Recompute's costs, and the solver
-  // (which keeps the lower mode on a tie) never names it for such a stage.
-  const auto save_attention = static_cast<std::size_t>(StageMode::SaveAttention);
-  const auto recompute = static_cast<std::size_t>(StageMode::Recompute);
-  for (StageCosts& s : p.stages) {
-    if (s.kept[save_attention] != s.kept[recompute]) continue;
-    s.fwd_ms[save_attention] = s.fwd_ms[recompute];
-    s.bwd_ms[save_attention] = s.bwd_ms[recompute];
-    s.fwd_peak[save_attention] = s.fwd_peak[recompute];
-    s.bwd_peak[save_attention] = s.bwd_peak[recompute];
-    s.bwd_change[save_attention] = s.bwd_change[recompute];
-  }
-  // A plain stage that keeps its own output (ReLU) tags the next stage's input as saved;
-  // a region after it would count that tensor again, a plain stage after a region would
-  // not count it at all. So the saved channel books that tensor to the next stage, as
-  // every mode of the next stage then counts it (a region keeps its input; a plain stage
-  // saves it, as matmuls and norms do); the backward of the stage that made it still
-  // frees it, so what the next stage's backward leaves behind grows by it (safe: at
-  // most one tensor too many while the stage before runs backward).
-  for (std::int64_t k = 0; k + 1 < n; ++k) {
-    if (!output_saved[static_cast<std::size_t>(k)]) continue;
-    const std::int64_t o = output_bytes[static_cast<std::size_t>(k)];
-    StageCosts& s = p.stages[static_cast<std::size_t>(k)];
-    StageCosts& next = p.stages[static_cast<std::size_t>(k + 1)];
-    s.kept[0][1] -= o;
-    next.kept[0][1] += o;
-    next.fwd_peak[0][1] += o;
-  }
+    // A stage without fused attention keeps under save_attention just what it keeps under
+    // recompute_all: it is that mode there, so it takes Recompute's costs, and the solver
+    // (which keeps the lower mode on a tie) never names it for such a stage.
+    const auto save_attention = static_cast<std::size_t>(StageMode::SaveAttention);
+    const auto recompute = static_cast<std::size_t>(StageMode::Recompute);
+    for (StageCosts& s : p.stages) {
+      if (s.kept[save_attention] != s.kept[recompute]) continue;
+      s.fwd_ms[save_attention] = s.fwd_ms[recompute];
+      s.bwd_ms[save_attention] = s.bwd_ms[recompute];
+      s.fwd_peak[save_attention] = s.fwd_peak[recompute];
+      s.bwd_peak[save_attention] = s.bwd_peak[recompute];
+      s.bwd_change[save_attention] = s.bwd_change[recompute];
+    }
+    // A plain stage that keeps its own output (ReLU) tags the next stage's input as saved;
+    // a region after it would count that tensor again, a plain stage after a region would
+    // not count it at all. So the saved channel books that tensor to the next stage, as
+    // every mode of the next stage then counts it (a region keeps its input; a plain stage
+    // saves it, as matmuls and norms do); the backward of the stage that made it still
+    // frees it, so what the next stage's backward leaves behind grows by it (safe: at
+    // most one tensor too many while the stage before runs backward).
+    for (std::int64_t k = 0; k + 1 < n; ++k) {
+      if (!output_saved[static_cast<std::size_t>(k)]) continue;
+      const std::int64_t o = output_bytes[static_cast<std::size_t>(k)];
+      StageCosts& s = p.stages[static_cast<std::size_t>(k)];
+      StageCosts& next = p.stages[static_cast<std::size_t>(k + 1)];
+      s.kept[0][1] -= o;
+      next.kept[0][1] += o;
+      next.fwd_peak[0][1] += o;
+    }
+    const std::vector<Mark>& mk = runs[0].back();
+    const std::size_t chain_end = b + static_cast<std::size_t>(n), bwd_call = chain_end + 1;
+    const std::size_t bwd_return = b + per_batch - 1;
+    for (int c = 0; c < kMemChannels; ++c) {
+      p.start_live[c] = mk[b].live[c];
+      p.loss_fwd_peak[c] = mk[bwd_call].peak[c] - mk[chain_end].live[c];
+      p.loss_live[c] = mk[bwd_call].live[c] - mk[chain_end].live[c];
+      p.loss_bwd_peak[c] = mk[bwd_call + 1].peak[c] - mk[bwd_call].live[c];
+      p.backward_rest[c] = mk[bwd_call + 1].live[c] - mk[chain_end].live[c];
+      // Before the chain (the window up to its start) and after its backward (up to the
+      // next micro-batch's chain, or the step's end: the optimizer).
+      p.outside_peak[c] = std::max(mk[b].peak[c], mk[bwd_return + 1].peak[c]);
+      std::int64_t peak = 0;
+      for (std::size_t x = b; x <= bwd_return + 1; ++x) peak = std::max(peak, mk[x].peak[c]);
+      p.plain_peak[c] = peak;
+    }
+    return p;
+  };
+  ChainProfile p = costs_of(micro_batches - 1);
+  p.micro_batches = micro_batches;
   const std::vector<Mark>& mk = runs[0].back();
-  const auto chain_end = static_cast<std::size_t>(n + 1), bwd_call = chain_end + 1;
-  for (int c = 0; c < kMemChannels; ++c) {
-    p.start_live[c] = mk[1].live[c];
-    p.loss_fwd_peak[c] = mk[bwd_call].peak[c] - mk[chain_end].live[c];
-    p.loss_live[c] = mk[bwd_call].live[c] - mk[chain_end].live[c];
-    p.loss_bwd_peak[c] = mk[bwd_call + 1].peak[c] - mk[bwd_call].live[c];
-    p.backward_rest[c] = mk[bwd_call + 1].live[c] - mk[chain_end].live[c];
-    p.outside_peak[c] = std::max(mk[1].peak[c], mk[static_cast<std::size_t>(2 * n + 4)].peak[c]);
-    std::int64_t peak = 0;
-    for (const Mark& x : mk) peak = std::max(peak, x.peak[c]);
-    p.plain_peak[c] = peak;
+  for (int c = 0; c < kMemChannels; ++c) {  // every window outside the chains; the whole step's peak
+    for (int i = 0; i < micro_batches; ++i) p.outside_peak[c] = std::max(p.outside_peak[c], mk[base(i)].peak[c]);
+    p.outside_peak[c] = std::max(p.outside_peak[c], mk[last].peak[c]);
+    for (const Mark& x : mk) p.plain_peak[c] = std::max(p.plain_peak[c], x.peak[c]);
   }
+  if (micro_batches > 1) p.first_micro_batch.push_back(costs_of(0));
   for (const Mark& x : mk) p.model_state = std::max(p.model_state, x.state_peak);
-  const auto last = static_cast<std::size_t>(2 * n + 4);
-  p.outside_ms = span_ms(0, 0, 1) + span_ms(0, chain_end, bwd_call + 1) + span_ms(0, last - 1, last);
+  // Time outside the stages: before the first chain, each micro-batch's loss (chain end to
+  // the last stage's output gradient), and from each backward's return to the next chain
+  // (or the step's end).
+  p.outside_ms = span_ms(0, 0, 1);
+  for (int i = 0; i < micro_batches; ++i) {
+    const std::size_t chain_end = base(i) + static_cast<std::size_t>(n);
+    p.outside_ms += span_ms(0, chain_end, chain_end + 2) + span_ms(0, base(i) + per_batch - 1, base(i) + per_batch);
+  }
   p.plain_ms = span_ms(0, 0, last);
   return p;
 }

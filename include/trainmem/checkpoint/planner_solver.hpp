@@ -13,6 +13,11 @@
 // profile did, then backward of the recomputed stages as in the plain step. The peak
 // of the step is the largest of these levels, of the forward levels, of the loss and
 // of the part outside the chain (optimizer). Time is the sum of measured stage times.
+// A step of several micro-batches (NOTE [Micro-batches] in planner_profile.hpp) is
+// modelled on its last micro-batch, whose start holds the gradients the earlier ones
+// made; its peak is the larger of that model's and the same model on the first
+// micro-batch's costs (the dynamic program meets the last one's levels; the chosen
+// schedule is then checked against both), and its time counts every micro-batch.
 //
 // Selective, SaveAttention and Offload regions are one stage long (see solve_once).
 //
@@ -68,7 +73,8 @@ namespace trainmem {
 /// \brief The model's prediction for one schedule.
 struct PlanPrediction {
   std::array<std::int64_t, kMemChannels> peak{};  // whole step, saved activations
-  double ms = 0.0;
+  double ms = 0.0;                                // the whole step, all its micro-batches
+  bool operator==(const PlanPrediction&) const = default;
 };
 
 /// \brief Cost of one segment on one channel.
@@ -185,7 +191,8 @@ inline std::vector<Segment> split_keeps(const std::vector<Segment>& segments) {
   return out;
 }
 
-/// The model's peak (both channels) and time of a schedule.
+/// The model's peak (both channels) and time of a whole step under a schedule (every
+/// micro-batch: NOTE [The chain's memory model]).
 inline PlanPrediction predict(const ChainProfile& p, const std::vector<Segment>& schedule) {
   detail::check_tiling("checkpoint planner: predict", p.size(), schedule);
   const std::vector<Segment> segs = split_keeps(schedule);
@@ -205,10 +212,14 @@ inline PlanPrediction predict(const ChainProfile& p, const std::vector<Segment>&
       peak = std::max(peak, p.start_live[c] + kept + cost.fwd_level);
       kept += cost.kept;
       peak = std::max(peak, p.start_live[c] + kept + p.backward_rest[c] + g[detail::at(s.end)] + cost.bwd_level);
-      if (c == 0) out.ms += cost.ms;
+      if (c == 0) out.ms += static_cast<double>(p.micro_batches) * cost.ms;
     }
     peak = std::max(peak, p.start_live[c] + kept + detail::loss_need(p, c));
     out.peak[c] = peak;
+  }
+  for (const ChainProfile& first : p.first_micro_batch) {
+    const PlanPrediction f = predict(first, schedule);
+    for (int c = 0; c < kMemChannels; ++c) out.peak[c] = std::max(out.peak[c], f.peak[c]);
   }
   return out;
 }
