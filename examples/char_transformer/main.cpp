@@ -178,14 +178,15 @@ Batch make_batch(const std::vector<std::int32_t>& ids, const std::vector<std::in
 }
 
 /// \brief One training run: the model under its settings, AdamW, the precision step
-/// (masters, loss scaling) and the tape.
+/// (masters, loss scaling, the learning rate's warm-up and cosine decay) and the tape.
 struct Training {
   Training(const ModelConfig& config, std::int64_t vocabulary, std::uint64_t seed,
-           const examples::MemorySettings& run_settings, double lr, double weight_decay)
+           const examples::MemorySettings& run_settings, double lr, double weight_decay, std::int64_t steps)
       : settings(run_settings),
         model(config, vocabulary, seed, tmem::DType::F32),  // mixed precision narrows the parameters after
         optimizer(model.parameters(), {.lr = lr, .weight_decay = weight_decay}),
-        runner(optimizer, {.precision = examples::dtype_of(settings.precision)}),
+        runner(optimizer,
+               {.precision = examples::dtype_of(settings.precision), .schedule = examples::lr_schedule(lr, steps)}),
         stages(model.stages(true)) {
     tape.manual_seed(seed);
   }
@@ -319,14 +320,14 @@ int main(int argc, char** argv) {
     // so the memory table can put the chosen settings next to it.
     const examples::MemorySettings plain = settings.plain();
     const examples::StepMemory plain_memory = [&] {
-      Training plain_run(config, text.vocabulary(), seed, plain, lr, weight_decay);
+      Training plain_run(config, text.vocabulary(), seed, plain, lr, weight_decay, steps);
       std::mt19937_64 plain_rng(seed);
       const Batch b = make_batch(text.ids(), random_starts(plain_rng, batch, 0, split, config.context), config.context);
       return examples::measure_steady_step(
           B::default_instance().memory(), [&] { plain_run.step(b); }, false);
     }();
 
-    Training run(config, text.vocabulary(), seed, settings, lr, weight_decay);
+    Training run(config, text.vocabulary(), seed, settings, lr, weight_decay, steps);
     std::int64_t parameter_count = 0;
     for (const auto& p : run.model.parameters()) parameter_count += p.numel();
     std::mt19937_64 rng(seed);
@@ -350,7 +351,6 @@ int main(int argc, char** argv) {
     std::int64_t loss_count = 0;
     auto window_start = Clock::now();
     for (std::int64_t step = 0; step < steps; ++step) {
-      run.optimizer.options().lr = examples::learning_rate(lr, step, steps);
       const Batch b = make_batch(text.ids(), random_starts(rng, batch, 0, split, config.context), config.context);
       const auto one_step = [&] {
         loss_sum += run.step(b).loss_value();

@@ -122,15 +122,13 @@ trainmem::Tensor<B> infer(trainmem::Tape<B>& tape, const Model& model, const std
   return out;
 }
 
-/// Learning rate at `step` of `total`: linear warm-up over the first 3% of steps, then a
-/// cosine decay to zero (ends training at a low rate, which is worth a point of accuracy
-/// over a constant rate in a run of a few epochs).
-inline double learning_rate(double peak, std::int64_t step, std::int64_t total) {
+/// The learning rate of a run of `total` steps: linear warm-up over the first 3% of steps,
+/// then a cosine decay to zero (ends training at a low rate, which is worth a point of
+/// accuracy over a constant rate in a run of a few epochs). amp::TrainStep applies it.
+inline trainmem::optim::LrSchedule lr_schedule(double peak, std::int64_t total) {
   const std::int64_t warmup = std::max<std::int64_t>(1, total * 3 / 100);
-  if (step < warmup) return peak * static_cast<double>(step + 1) / static_cast<double>(warmup);
-  const double progress =
-      static_cast<double>(step - warmup) / static_cast<double>(std::max<std::int64_t>(1, total - warmup));
-  return peak * 0.5 * (1.0 + std::cos(3.141592653589793 * progress));
+  if (total <= warmup) return trainmem::optim::LrSchedule::linear_warmup(peak, warmup);
+  return trainmem::optim::LrSchedule::warmup_cosine(peak, warmup, total);
 }
 
 }  // namespace examples

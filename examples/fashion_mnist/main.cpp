@@ -327,7 +327,10 @@ int run(Options o, examples::FashionMnist data) {
   std::int64_t parameter_count = 0;
   for (const auto& p : model.parameters()) parameter_count += p.numel();
   tmem::optim::AdamW<B> optimizer(model.parameters(), {.lr = o.lr, .weight_decay = o.weight_decay});
-  tmem::amp::TrainStep<B> precision(optimizer, {.precision = examples::dtype_of(o.settings.precision)});
+  Epochs epochs(o, train.size());
+  auto& [shuffle_rng, order, steps_per_epoch, total_steps] = epochs;
+  tmem::amp::TrainStep<B> precision(optimizer, {.precision = examples::dtype_of(o.settings.precision),
+                                                .schedule = examples::lr_schedule(o.lr, total_steps)});
   tmem::Tape<B> tape;
   tape.manual_seed(o.seed);
 
@@ -344,8 +347,6 @@ int run(Options o, examples::FashionMnist data) {
       static_cast<long long>(train.size()), o.augment == "flip" ? " (random left-right flips)" : "",
       static_cast<unsigned long long>(o.seed), threads);
 
-  Epochs epochs(o, train.size());
-  auto& [shuffle_rng, order, steps_per_epoch, total_steps] = epochs;
   std::vector<float> images;
   std::vector<std::int32_t> labels;
   examples::ProgressLine progress;
@@ -361,7 +362,6 @@ int run(Options o, examples::FashionMnist data) {
     for (std::int64_t step = 0; step < steps_per_epoch; ++step) {
       const std::int64_t begin = step * o.batch, n = std::min(o.batch, train.size() - begin);
       train.gather(order.data() + begin, n, images, labels, o.augment == "flip" ? &shuffle_rng : nullptr);
-      optimizer.options().lr = examples::learning_rate(o.lr, (epoch - 1) * steps_per_epoch + step, total_steps);
       const tmem::amp::StepReport<B> report =
           classifier_step(tape, model, stages, images, labels, o.settings.checkpoint, precision);
       skipped += report.stepped ? 0 : 1;
@@ -589,6 +589,7 @@ int run_sharded(Options o, examples::FashionMnist data, tmem::dist::Communicator
 
   Epochs epochs(o, train.size());
   auto& [shuffle_rng, order, steps_per_epoch, total_steps] = epochs;
+  const tmem::optim::LrSchedule schedule = examples::lr_schedule(o.lr, total_steps);
   std::vector<float> images;
   std::vector<std::int32_t> labels;
   examples::ProgressLine progress;
@@ -605,7 +606,7 @@ int run_sharded(Options o, examples::FashionMnist data, tmem::dist::Communicator
                     " ranks; choose --train-limit accordingly");
       train.gather(order.data() + begin, n, images, labels, o.augment == "flip" ? &shuffle_rng : nullptr);
       keep_rank_slice(images, labels, comm.rank(), comm.size());
-      sharded.set_lr(examples::learning_rate(o.lr, (epoch - 1) * steps_per_epoch + step, total_steps));
+      sharded.set_lr(schedule.lr((epoch - 1) * steps_per_epoch + step));
       const tmem::amp::StepReport<B> report =
           sharded_classifier_step(tape, model, stages, images, labels, o.settings.checkpoint, sharded);
       if (lead) progress.update(step + 1, n, report.loss_value(), sharded.status());

@@ -1,5 +1,6 @@
 // trainmem/amp/train_step.hpp — one training step in a chosen precision: autocast
-// forward, scaled backward, then unscale, skip or step.
+// forward, scaled backward, then unscale, skip or step; with micro-batches accumulated,
+// the gradient norm clipped and the learning rate scheduled.
 //
 // What a precision changes in a step is decided here once, from its dtype:
 //   f32   the forward runs as written, plain backward, optimizer step;
@@ -10,49 +11,79 @@
 //         gradients hold an inf or NaN is skipped, and the scale backs off or grows.
 // Without master weights the parameters stay f32 and only the forward is autocast.
 //
-// Host syncs: none of its own beyond what the scaler needs to say whether it stepped
-// (f16: one read of the found-inf flag in GradScaler::step). The loss stays a device
-// scalar until someone asks for it (StepReport::loss_value), the scale likewise.
+// What a real loop adds around the step, in the order update() does it:
+//   schedule        optimizer.set_lr(schedule.lr(k)) with k = step_count(), the updates
+//                   run so far, taken or skipped: a skipped f16 step advances the schedule
+//                   like any other (PyTorch's loop, which calls scheduler.step() every
+//                   iteration), so `total_steps` is the loop's length whatever the scaler
+//                   does, and the index is the loop's own step. It is in state(): a
+//                   resumed run asks the schedule for the same rates.
+//   clip_grad_norm  the gradients unscaled (scaler.unscale_), then optim::clip_grad_norm;
+//                   the norm before clipping is reported (a host read). A step about to be
+//                   skipped has a non-finite norm and is not clipped.
+//   the step        scaler.step (skips on an inf or NaN), scaler.update, zero_grad.
+// micro_batches = m: run(forward) calls forward(micro) for micro = 0 .. m-1, each loss
+// times 1/m before its backward (so the gradients add up to the mean over the whole
+// batch), then one update. The loss's tape is cleared after each backward in run():
+// the graph is spent, and the next micro-batch records on it afresh.
 //
-//   amp::TrainStep<B> train(optimizer, {.precision = DType::F16});
-//   amp::StepReport<B> report = train.run([&] { return cross_entropy(model(x), y); });
+// Host syncs: the scaler's (f16: one read of the found-inf flag in GradScaler::step) and,
+// with clipping, the norm's. The loss stays a device scalar until someone asks for it
+// (StepReport::loss_value), the scale likewise.
+//
+//   amp::TrainStep<B> train(optimizer, {.precision = DType::BF16, .micro_batches = 2,
+//                                       .clip_grad_norm = 1.0,
+//                                       .schedule = optim::LrSchedule::warmup_cosine(3e-3, 10, 100)});
+//   amp::StepReport<B> report = train.run([&](int micro) { return loss_of(batch[micro]); });
 // or, to do something between the phases (read gradients, wrap the backward):
-//   Var<B> loss = train.forward([&] { ... });
-//   train.backward(loss);
-//   bool stepped = train.update();
+//   Var<B> loss = train.forward([&] { ... });   // once per micro-batch, with
+//   train.backward(loss);                       // a loss the caller divided by m itself
+//   bool stepped = train.update();              // schedule, clip, step or skip
 // Each phase marks itself on the backend's MemoryStats ("forward", "backward",
 // "optimizer"), so a recorded timeline shows where a step's bytes go.
 //
-// state() / load_state(): the masters, the scaler and the count of skipped steps, so a
-// TrainStep goes into trainmem::save / load (and a Planner's restore list) like the
-// optimizer and the model beside it, which hold the rest of a run's state.
+// state() / load_state(): the masters, the scaler, the count of updates and of skipped
+// ones, so a TrainStep goes into trainmem::save / load (and a Planner's restore list)
+// like the optimizer and the model beside it, which hold the rest of a run's state.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <optional>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "trainmem/amp/grad_scaler.hpp"
 #include "trainmem/amp/master_weights.hpp"
 #include "trainmem/autocast/autocast.hpp"
+#include "trainmem/ops/elementwise.hpp"
+#include "trainmem/optim/clip_grad_norm.hpp"
+#include "trainmem/optim/lr_schedule.hpp"
 #include "trainmem/optim/optimizer.hpp"
 #include "trainmem/state/stateful.hpp"
 
 namespace trainmem::amp {
 
-/// \brief The precision a TrainStep trains in.
+/// \brief The precision a TrainStep trains in, and what its loop does around the step.
 struct TrainStepOptions {
   DType precision = DType::F32;  // f32, bf16 or f16: the autocast dtype (f32: no autocast)
   bool master_weights = true;    // bf16 / f16: 16-bit model parameters behind f32 masters
   GradScalerOptions scaler{};    // used under f16 (and bf16 with scaler.scale_bf16)
+  int micro_batches = 1;         // run(): this many forward + backward passes (loss / m each), one update
+  double clip_grad_norm = 0.0;   // > 0: clip the global gradient norm to this after unscaling; 0: off
+  std::optional<optim::LrSchedule> schedule{};  // set: the optimizer's lr is schedule.lr(step_count()) at each update
 };
 
 /// \brief What one step did.
 template <class B>
 struct StepReport {
-  Tensor<B> loss;       // the unscaled loss, a scalar on the backend
+  Tensor<B> loss;       // the unscaled loss (the mean over micro-batches), a scalar on the backend
   bool stepped = true;  // false: the scaler found an inf or NaN gradient and skipped
+  double lr = 0.0;      // the optimizer's learning rate for this update (the schedule's, if one is set)
+  /// With clipping on: the global gradient norm before clipping (unscaled; inf or NaN on a
+  /// skipped step). Without clipping: none (it would cost a host read).
+  std::optional<double> grad_norm;
 
   /// The loss on the host (a device sync on a GPU).
   double loss_value() const { return loss.template to_host<double>()[0]; }
@@ -90,40 +121,78 @@ class TrainStep {
     return std::forward<Forward>(forward)();
   }
 
-  /// Backward from `loss`, scaled when the scaler is on.
+  /// Backward from `loss` as given (scaled when the scaler is on); gradients add to
+  /// those of earlier backwards since the last update. run() divides each micro-batch's
+  /// loss by micro_batches first; a loop of its own divides its losses itself.
   void backward(const Var<B>& loss) {
     backend_->memory().mark("backward");
     scaler_.scale(loss).backward();
   }
 
-  /// The optimizer step after backward (skipped when a gradient is inf or NaN), the
-  /// scale's update and zeroed gradients. Returns whether the optimizer stepped. A model
-  /// copy the step made overflow is thrown (CopyOverflowError) once the step is finished
-  /// like any other, so the next step starts clean.
+  /// After the backwards of one step: the learning rate from the schedule, the
+  /// gradients unscaled and clipped (with clipping on), the optimizer step (skipped when
+  /// a gradient is inf or NaN), the scale's update and zeroed gradients; step_count()
+  /// then counts one more. Returns whether the optimizer stepped. A model copy the step
+  /// made overflow is thrown (CopyOverflowError) once the step is finished like any
+  /// other, so the next step starts clean.
   bool update() {
     backend_->memory().mark("optimizer");
+    if (options_.schedule) optimizer_->set_lr(options_.schedule->lr(steps_));
+    last_lr_ = optimizer_->lr();
+    last_grad_norm_.reset();
+    if (options_.clip_grad_norm > 0.0) {
+      scaler_.unscale_(*optimizer_);  // the true gradients (nothing to do when not scaling)
+      last_grad_norm_ = optim::clip_grad_norm(*optimizer_, options_.clip_grad_norm);
+    }
     bool stepped = true;
     try {
       stepped = scaler_.step(*optimizer_);
     } catch (const CopyOverflowError&) {
       scaler_.update();
       optimizer_->zero_grad();
+      ++steps_;
       throw;
     }
     scaler_.update();
     optimizer_->zero_grad();
+    ++steps_;
     if (!stepped) ++skipped_;
     return stepped;
   }
 
-  /// forward, backward and update: one whole step.
+  /// One whole step: for each of the micro_batches micro-batches, forward (`forward(micro)`,
+  /// or `forward()` called once per micro-batch), the loss times 1/micro_batches,
+  /// backward and the loss's tape cleared; then update().
   template <class Forward>
   StepReport<B> run(Forward&& forward_pass) {
+    static_assert(
+        std::is_invocable_v<Forward&, int> || std::is_invocable_v<Forward&>,
+        "amp::TrainStep::run: the forward takes the micro-batch index (int) or nothing, and returns the loss");
     StepReport<B> report;
-    const Var<B> loss = forward(std::forward<Forward>(forward_pass));
-    report.loss = loss.value();
-    backward(loss);
+    const int m = options_.micro_batches;
+    for (int micro = 0; micro < m; ++micro) {
+      Var<B> loss = forward([&]() -> Var<B> {
+        if constexpr (std::is_invocable_v<Forward&, int>) return forward_pass(micro);
+        else return forward_pass();
+      });
+      trainmem::detail::check(loss.defined() && loss.tape() != nullptr,
+                              "amp::TrainStep::run: the forward of micro-batch ", micro,
+                              " returned no loss on a tape (return the loss Var the forward computed)");
+      if (m > 1) loss = trainmem::scale(loss, 1.0 / static_cast<double>(m));
+      if (micro == 0) {
+        report.loss = loss.value();
+      } else {  // the mean: the sum of the divided losses, on the backend (no host read)
+        Tensor<B> sum = report.loss.clone();
+        backend_->map(math::Add{}, sum, loss.value(), sum);
+        report.loss = sum;
+      }
+      Tape<B>& tape = *loss.tape();
+      backward(loss);
+      tape.clear();
+    }
     report.stepped = update();
+    report.lr = last_lr_;
+    report.grad_norm = last_grad_norm_;
     return report;
   }
 
@@ -133,17 +202,25 @@ class TrainStep {
   double scale() const { return scaler_.get_scale(); }
   /// Steps the scaler skipped so far.
   std::int64_t skipped_steps() const { return skipped_; }
+  /// Updates run so far, taken or skipped: the step the schedule's rate is for.
+  std::int64_t step_count() const { return steps_; }
+  /// The last update's learning rate, and its gradient norm before clipping (clipping on).
+  double last_lr() const { return last_lr_; }
+  std::optional<double> last_grad_norm() const { return last_grad_norm_; }
   GradScaler<B>& scaler() { return scaler_; }
   const GradScaler<B>& scaler() const { return scaler_; }
   /// The f32 masters (none under f32 or without master weights).
   const std::optional<MasterWeights<B>>& master_weights() const { return masters_; }
 
-  /// The masters ("masters.*", absent without them), the scaler ("scaler.*") and
-  /// "skipped_steps". The optimizer and the model's parameters are saved on their own.
+  /// The masters ("masters.*", absent without them), the scaler ("scaler.*"), "steps"
+  /// (step_count(), the schedule's index) and "skipped_steps". Taken between steps: the
+  /// gradients of a step part way through its micro-batches are not in it. The
+  /// optimizer and the model's parameters are saved on their own.
   StateDict state() const {
     StateDict out;
     if (masters_) out.insert("masters", masters_->state());
     out.insert("scaler", trainmem::state_of(scaler_));
+    out.set_i64("steps", steps_);
     out.set_i64("skipped_steps", skipped_);
     return out;
   }
@@ -153,9 +230,11 @@ class TrainStep {
     for (const auto& [name, entry] : state)
       if (!StateDict::is_under(name, "scaler") && !(masters_ && StateDict::is_under(name, "masters")))
         rest.set(name, entry);
-    check_layout(rest, {{"skipped_steps", {StateType::I64, Shape{}}}}, "amp::TrainStep::load_state");
-    trainmem::detail::check(rest.get_i64("skipped_steps") >= 0, "amp::TrainStep::load_state: skipped_steps is ",
-                            rest.get_i64("skipped_steps"), ", expected a count (>= 0)");
+    check_layout(rest, {{"steps", {StateType::I64, Shape{}}}, {"skipped_steps", {StateType::I64, Shape{}}}},
+                 "amp::TrainStep::load_state");
+    const std::int64_t steps = rest.get_i64("steps"), skipped = rest.get_i64("skipped_steps");
+    trainmem::detail::check(skipped >= 0 && skipped <= steps, "amp::TrainStep::load_state: skipped_steps is ", skipped,
+                            " of steps ", steps, ", expected 0 <= skipped_steps <= steps");
     if (masters_) masters_->check_state(state.sub("masters"));
     trainmem::check_state(scaler_, state.sub("scaler"));
   }
@@ -165,6 +244,7 @@ class TrainStep {
     check_state(state);
     if (masters_) masters_->load_state(state.sub("masters"));
     trainmem::load_state(scaler_, state.sub("scaler"));
+    steps_ = state.get_i64("steps");
     skipped_ = state.get_i64("skipped_steps");
   }
 
@@ -172,6 +252,11 @@ class TrainStep {
   static TrainStepOptions checked(const TrainStepOptions& options) {
     trainmem::detail::check(options.precision == DType::F32 || is_16bit(options.precision),
                             "amp::TrainStep: the precision must be f32, bf16 or f16, got ", options.precision);
+    trainmem::detail::check(options.micro_batches >= 1, "amp::TrainStep: micro_batches must be >= 1, got ",
+                            options.micro_batches);
+    trainmem::detail::check(std::isfinite(options.clip_grad_norm) && options.clip_grad_norm >= 0.0,
+                            "amp::TrainStep: clip_grad_norm must be finite and >= 0 (0: no clipping), got ",
+                            options.clip_grad_norm);
     return options;
   }
 
@@ -180,7 +265,10 @@ class TrainStep {
   B* backend_;
   GradScaler<B> scaler_;
   std::optional<MasterWeights<B>> masters_;
-  std::int64_t skipped_ = 0;
+  std::int64_t steps_ = 0;    // updates run, taken or skipped
+  std::int64_t skipped_ = 0;  // of those, skipped by the scaler
+  double last_lr_ = 0.0;
+  std::optional<double> last_grad_norm_;
 };
 
 }  // namespace trainmem::amp

@@ -57,6 +57,8 @@ class AdamW : public Optimizer<B> {
     validate(options, "AdamW");
   }
   AdamWOptions& options() { return options_; }
+  double lr() const override { return options_.lr; }
+  void set_lr(double lr) override { options_.lr = lr; }
 
  protected:
   std::int64_t step_state_size() const override { return 2; }  // [beta1^t, beta2^t]

@@ -129,6 +129,10 @@ class Optimizer {
   void zero_grad() {
     for (auto& e : entries_) e.param.zero_grad();
   }
+  /// The base learning rate, the derived optimizer's options().lr: what an LR schedule
+  /// drives (amp::TrainStep sets it before each update) without knowing the optimizer.
+  virtual double lr() const = 0;
+  virtual void set_lr(double lr) = 0;
   /// Gives parameter i an f32 (or f64) master copy that the optimizer updates; the
   /// parameter's own tensor becomes the model copy each update writes (amp::MasterWeights).
   void set_master(std::size_t i, Tensor<B> master) {

@@ -54,6 +54,8 @@ class SGD : public Optimizer<B> {
     validate(options, "SGD");
   }
   SgdOptions& options() { return options_; }
+  double lr() const override { return options_.lr; }
+  void set_lr(double lr) override { options_.lr = lr; }
 
  protected:
   std::array<const char*, 2> moment_names() const override { return {"momentum_buffer", "unused"}; }
