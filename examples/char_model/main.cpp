@@ -200,17 +200,19 @@ int main(int argc, char** argv) {
       std::printf("resumed %s at step %lld\n", resume_path.c_str(), static_cast<long long>(train.step_count()));
     }
 
-    // The planner profiles one micro-batch's step, run through a ChainRunner, in every
-    // way of running the blocks; `restore` puts back everything the profiled steps change.
+    // The planner profiles the whole step, both micro-batches, run through a ChainRunner,
+    // in every way of running the blocks; `restore` puts back everything those steps change.
     std::vector<std::int32_t> inputs, targets;
-    text.windows(0, 0, config, inputs, targets);
     const tmem::ChainStep<B> profiled = [&](const tmem::ChainRunner<B>& run) {
-      const Var<B> loss = train.forward([&] { return model.loss(tape, run, inputs, targets); });
-      run.backward_with([&] { train.backward(tmem::scale(loss, 0.5)); });  // one of two micro-batches
+      for (int micro = 0; micro < 2; ++micro) {
+        text.windows(0, micro, config, inputs, targets);
+        const Var<B> loss = train.forward([&] { return model.loss(tape, run, inputs, targets); });
+        run.backward_with([&] { train.backward(tmem::scale(loss, 0.5)); });  // the mean of two
+        tape.clear();
+      }
       train.update();
-      tape.clear();
     };
-    const tmem::Planner<B> planner(stages, profiled, {.restore = {model, optimizer, train, tape}});
+    const tmem::Planner<B> planner(stages, profiled, {.restore = {model, optimizer, train, tape}, .micro_batches = 2});
     const std::int64_t plain_peak = planner.profile().plain_peak[0];
     const tmem::CheckpointPlan<B> plan = planner.plan(tmem::Budget::whole_step(plain_peak * 3 / 4));
     const tmem::ChainRunner<B> run = plan.runner();
