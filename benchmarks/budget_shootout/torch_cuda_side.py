@@ -146,7 +146,9 @@ def timed(trainer, schedule, batch, steps):
 
 
 def slug(name):
-    return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
+    """The GPU's model for a file name: "NVIDIA H100 80GB HBM3" -> "h100" (else the whole name)."""
+    model = re.search(r"\b([A-Z]\d{2,4})\b", name)
+    return model.group(1).lower() if model else re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
 
 
 def summarize(rows, budgets):
