@@ -272,7 +272,13 @@ def main():
             batch, peak_bytes = batch_search.largest_batch(peak, budget, bracket, log, f"{schedule}: ")
             row.update(batch=batch, peak_bytes=peak_bytes)
             if batch:
-                row.update(timed(trainer, schedule, batch, args.timed_steps), peak_bytes=peak_bytes)
+                try:
+                    row.update(timed(trainer, schedule, batch, args.timed_steps), peak_bytes=peak_bytes)
+                except torch.cuda.OutOfMemoryError:  # fitted in its probe, not over several steps
+                    trainer.free()
+                    torch_rows.append(dict(row, batch=0, note=f"{batch} fitted once, then ran out of memory"))
+                    save()
+                    continue
                 log(f"budget {mib / 1024:.0f} GiB, {schedule}: {batch} sequences, {row['us_per_token']:.2f} us/token, "
                     f"peak {peak_bytes / 2**30:.2f} GiB")
             torch_rows.append(row)
