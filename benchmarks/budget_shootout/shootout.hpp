@@ -107,6 +107,13 @@ struct Trainer {
   std::optional<trainmem::Snapshot> initial;
 };
 
+/// Gives cached memory back where the backend caches (a GPU's pool, its pinned host buffers,
+/// which are cached by size: every probed batch has new sizes, and host memory is finite).
+template <class B>
+void release_cached(B& backend) {
+  if constexpr (requires { backend.allocator().release_cached(); }) backend.allocator().release_cached();
+}
+
 /// A profile for `batch` sequences from the profiles at `a` and `b` sequences: every byte
 /// and time count on the straight line through the two (what does not grow with the batch,
 /// the model state and workspaces, stays put on it); which modes were measured, from `pa`.
@@ -199,8 +206,7 @@ class Search {
     std::int64_t lo = 0, hi = 0;  // lo fits (0: none known), hi does not (0: none known)
     if (fits(guess)) {
       lo = guess;
-      for (std::int64_t step = 1; hi == 0; step *= 2)
-        fits(lo + step) ? lo += step : hi = lo + step;
+      for (std::int64_t step = 1; hi == 0; step *= 2) fits(lo + step) ? lo += step : hi = lo + step;
     } else {
       hi = guess;
       for (std::int64_t step = 1; lo == 0 && hi > 1; step *= 2) {
@@ -245,9 +251,12 @@ class Search {
       B::default_instance().synchronize();
     } catch (const trainmem::Error& e) {  // the device itself ran out: the plan is far off
       std::printf("    the step failed: %.200s\n", e.what());
+      release_cached(B::default_instance());
       return std::nullopt;
     }
-    return stats.peak_device();
+    const std::int64_t peak = stats.peak_device();
+    release_cached(B::default_instance());
+    return peak;
   }
 
   std::optional<Fit> fit(std::int64_t batch, std::int64_t budget, int reps) {
@@ -265,7 +274,9 @@ class Search {
         return std::nullopt;
       }
       return plan_and_check(batch, budget, planner->profile(), [&](const std::vector<trainmem::Segment>& segments) {
-        return std::optional<std::int64_t>(planner->measure(segments).peak[0]);
+        const std::int64_t peak = planner->measure(segments).peak[0];
+        release_cached(B::default_instance());
+        return std::optional<std::int64_t>(peak);
       });
     }
     const trainmem::ChainProfile p =
@@ -309,6 +320,7 @@ nlohmann::json train(Trainer<B>& trainer, const std::vector<std::int32_t>& text,
                      const std::vector<trainmem::Segment>& segments, int steps) {
   trainmem::MemoryStats& stats = B::default_instance().memory();
   trainer.reset();
+  release_cached(B::default_instance());
   trainer.model.set_batch(batch);
   const trainmem::ChainRunner<B> run(trainer.model.stages(), segments);
   std::vector<double> losses, ms;
