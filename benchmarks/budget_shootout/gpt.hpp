@@ -110,6 +110,8 @@ class Gpt {
   const std::vector<tmem::Layer<B>>& stages() const { return stages_; }
   const std::vector<tmem::Var<B>>& parameters() const { return params_; }
   std::int64_t batch() const { return batch_; }
+  /// The batch the stages and batch_of() use from now on (one model serves every batch size).
+  void set_batch(std::int64_t batch) { batch_ = batch; }
   std::int64_t tokens_per_step() const { return batch_ * s_.seq; }
 
   /// The ids and next-byte labels of step `step` (I32 tensors [batch, seq] and [batch * seq]).

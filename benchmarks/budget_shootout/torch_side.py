@@ -7,7 +7,8 @@ torch.autocast(bfloat16) around the forward, torch.optim.AdamW), loaded from the
 weights budget_shootout exported, trained on the same byte windows of the same text.
 For each budget and each hand schedule (none; every block under
 torch.utils.checkpoint(use_reentrant=False); checkpoint_sequential with round(sqrt(N))
-segments) it finds the largest batch whose steady-state step peak fits, then trains
+segments; build_model also has "offload", every block checkpointed inside
+torch.autograd.graph.save_on_cpu, which torch_cuda_side.py runs on the GPU) it finds the largest batch whose steady-state step peak fits, then trains
 --timed-steps steps there: time per token (median step after two warm-ups). It also
 trains the exported number of steps (20) at each batch trainmem chose, unchecked by any
 budget, so the two losses compare at one batch size on the same weights and data.
@@ -31,6 +32,9 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import batch_search  # noqa: E402  (the search, shared with torch_cuda_side.py)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "pytorch"))
 from compare import profiled_peak  # noqa: E402  (the same counting as the side-by-side benchmark)
@@ -97,6 +101,13 @@ def build_model(torch, manifest, attention):
             if schedule == "per_block":
                 for block in self.blocks:
                     x = checkpoint(block, x, use_reentrant=False)
+            elif schedule == "offload":
+                # Per-block checkpoints whose saved inputs go to pinned host memory. Reentrant:
+                # its inputs are saved tensors that save_on_cpu's hooks move (the non-reentrant
+                # checkpoint keeps them by reference, on the device).
+                with torch.autograd.graph.save_on_cpu(pin_memory=True):
+                    for block in self.blocks:
+                        x = checkpoint(block, x, use_reentrant=True)
             elif schedule == "sqrt":
                 x = checkpoint_sequential(self.blocks, round(math.sqrt(len(self.blocks))), x, use_reentrant=False)
             else:
@@ -156,45 +167,7 @@ class Trainer:
 def largest_batch(trainer, budget, log):
     """Largest batch whose measured peak fits: a guess from two small batches, bracket, bisect."""
     trainer.step(0, 2)  # the moments exist from here on: steady state
-    a, b = trainer.peak(4), trainer.peak(8)
-    guess = max(1, int((budget - a) / ((b - a) / 4)) + 4)
-    cache = {}
-
-    def fits(n):
-        if n not in cache:
-            cache[n] = trainer.peak(n)
-            log(f"  {trainer.schedule}: {n} sequences: peak {cache[n] / 2**20:.1f} MiB "
-                f"{'fits' if cache[n] <= budget else 'does not fit'}")
-        return cache[n] <= budget
-
-    lo = hi = 0
-    step = max(2, guess // 16)
-    if fits(guess):
-        lo = guess
-        while not hi:
-            if fits(lo + step):
-                lo += step
-            else:
-                hi = lo + step
-            step *= 2
-    else:
-        hi = guess
-        while not lo:
-            c = max(1, hi - step)
-            if fits(c):
-                lo = c
-            else:
-                hi = c
-                if c == 1:
-                    return 0, None
-            step *= 2
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if fits(mid):
-            lo = mid
-        else:
-            hi = mid
-    return lo, cache[lo]
+    return batch_search.largest_batch(trainer.peak, budget, (4, 8), log, f"{trainer.schedule}: ")
 
 
 def train(torch, manifest, text, attention, schedule, batch, steps):

@@ -23,6 +23,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "budget_shootout/export.hpp"
 #include "budget_shootout/gpt.hpp"
 #include "common/gpu.cuh"
 #include "common/provenance.hpp"
@@ -82,39 +83,6 @@ double model_flops(const Config& c) {
   return 3.0 * (2.0 * tokens * gemm_params + attention);
 }
 
-void export_weights(const Config& c, const shootout::Gpt<Gpu>& model, const std::filesystem::path& dir) {
-  std::filesystem::create_directories(dir);
-  json params = json::array();
-  std::ofstream weights(dir / "weights.bin", std::ios::binary);
-  std::int64_t offset = 0;
-  for (const tmem::Var<Gpu>& p : model.parameters()) {
-    const std::vector<float> v = p.value().to_host<float>();
-    weights.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(float)));
-    params.push_back({{"name", p.name()}, {"shape", p.shape().dims()}, {"offset", offset}});
-    offset += static_cast<std::int64_t>(v.size());
-  }
-  const auto& s = c.sizes;
-  const json manifest = {{"sizes",
-                          {{"blocks", s.blocks},
-                           {"dim", s.dim},
-                           {"heads", s.heads},
-                           {"hidden", s.hidden},
-                           {"seq", s.seq},
-                           {"vocab", s.vocab}}},
-                         {"dir", std::filesystem::absolute(dir).string()},
-                         {"weights", "weights.bin"},
-                         {"params", params},
-                         {"parameter_count", offset},
-                         {"text", std::filesystem::absolute(c.text).string()},
-                         {"window_offset", "((step * batch + i) * 7919) % (len(text) - seq - 1)"},
-                         {"batch", c.batch},
-                         {"lr", c.lr},
-                         {"steps", c.steps},
-                         {"warmup", c.warmup},
-                         {"model_flops_per_step", model_flops(c)}};
-  std::ofstream(dir / "manifest.json") << manifest.dump(2) << "\n";
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -135,7 +103,14 @@ int main(int argc, char** argv) {
     const std::vector<std::int32_t> text = shootout::read_bytes(c.text);
 
     shootout::Gpt<Gpu> model(c.sizes, c.batch, kSeed);
-    export_weights(c, model, c.export_dir);
+    shootout::export_weights(model.parameters(), c.sizes, c.export_dir,
+                             {{"text", std::filesystem::absolute(c.text).string()},
+                              {"window_offset", "((step * batch + i) * 7919) % (len(text) - seq - 1)"},
+                              {"batch", c.batch},
+                              {"lr", c.lr},
+                              {"steps", c.steps},
+                              {"warmup", c.warmup},
+                              {"model_flops_per_step", model_flops(c)}});
     tmem::optim::AdamW<Gpu> optimizer(model.parameters(), {.lr = c.lr});
 
     const int total = c.warmup + c.steps;

@@ -165,3 +165,45 @@ TEST_CASE("cuda offload: release_offloaded_sources gives the sources' bytes back
   gpu.synchronize();
   CHECK(stats.live(MemCategory::HostOffload) == 0);
 }
+
+TEST_CASE("cuda offload: out of memory, the retry takes back the sources of finished offload copies",
+          "[cuda][offload][large]") {
+  TRAINMEM_REQUIRE_CUDA_DEVICE();
+  Gpu gpu;
+  const std::size_t mib = std::size_t{1} << 20;
+  // Leave about 1 GiB free: the rest of the device goes to a block outside the backend's pool.
+  std::size_t free_bytes = 0, total_bytes = 0;
+  TRAINMEM_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  REQUIRE(free_bytes > 2048 * mib);
+  void* ballast = nullptr;
+  TRAINMEM_CUDA_CHECK(cudaMalloc(&ballast, free_bytes - 1024 * mib));
+  struct FreeAtEnd {
+    void* p;
+    ~FreeAtEnd() { cudaFree(p); }
+  } free_at_end{ballast};
+  TRAINMEM_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  INFO("free after the ballast: " << free_bytes);
+
+  const auto source_elems = static_cast<std::int64_t>(512 * mib / 4);
+  Gpu::HostCopy copy;
+  {
+    auto source = tmem::Tensor<Gpu>::empty(Shape{source_elems}, DType::F32, MemCategory::SavedActivation, gpu);
+    gpu.fill(source, 3.5);
+    copy = gpu.offload(source);
+  }  // dropped: the engine holds the 512 MiB until the host sees the copy done
+  CHECK(gpu.memory().live(MemCategory::SavedActivation) == 512 * static_cast<std::int64_t>(mib));
+  {
+    // 768 MiB fits only if the retry lets go of the finished copy's source (free is ~1 GiB, the
+    // source holds 512 MiB of it): before the fix, the retry waited for the main stream only.
+    const auto wanted = static_cast<std::int64_t>(768 * mib / 4);
+    auto big = tmem::Tensor<Gpu>::empty(Shape{wanted}, DType::F32, MemCategory::Temporary, gpu);
+    CHECK(gpu.memory().live(MemCategory::SavedActivation) == 0);
+    CHECK(gpu.memory().live(MemCategory::Temporary) == 768 * static_cast<std::int64_t>(mib));
+  }
+  // The copy is intact: it was done before its source went.
+  REQUIRE(copy.ready());
+  const auto* host = static_cast<const float*>(copy.host_data());
+  CHECK(host[0] == 3.5f);
+  CHECK(host[source_elems / 2] == 3.5f);
+  CHECK(host[source_elems - 1] == 3.5f);
+}

@@ -81,3 +81,31 @@ TEST_CASE("cuda planner: Offload is measured and exact, planned steps fit and ma
     CHECK(planner_gradients(chain, plan.runner()) == reference);
   }
 }
+
+TEST_CASE("cuda planner: a budget no schedule fits raises the planner's error, not an out-of-memory error",
+          "[cuda][planner][offload]") {
+  TRAINMEM_REQUIRE_CUDA_DEVICE();
+  examples::ResidualMlpChain<Gpu> chain(6, 128, 512, 256);
+  const tmem::ChainStep<Gpu> step = [&chain](const tmem::ChainRunner<Gpu>& run) { chain.step(run); };
+  const tmem::Planner<Gpu> planner(chain.stages, step, {1, {}});
+  const std::int64_t least = planner.smallest_budget(tmem::MemChannel::Total);
+  REQUIRE(least > planner.profile().model_state);
+  // Below the smallest budget (even with every stage offloaded), and far below: the model state alone.
+  for (const std::int64_t budget : {least - 1, planner.profile().model_state / 2, std::int64_t{4096}}) {
+    INFO("budget " << budget);
+    try {
+      (void)planner.plan(tmem::Budget::whole_step(budget));
+      FAIL("a plan fits " << budget << " bytes, below the smallest budget " << least);
+    } catch (const tmem::Error& e) {
+      const std::string what = e.what();
+      CHECK_THAT(what, Catch::Contains("checkpoint planner: no schedule of the 6 stages fits") &&
+                           Catch::Contains("the smallest that fits is " + std::to_string(least) + " bytes"));
+      CHECK_THAT(what, !Catch::Contains("out of device memory"));
+    }
+  }
+  // The smallest budget itself has a plan, and its step fits it on the device (2%).
+  const tmem::CheckpointPlan<Gpu> plan = planner.plan(tmem::Budget::whole_step(least));
+  const tmem::StepMeasurement m = planner.measure(plan);
+  INFO(plan.compare(m));
+  CHECK(m.peak[0] <= least + least / 50);
+}

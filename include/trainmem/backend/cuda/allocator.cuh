@@ -12,6 +12,11 @@
 // Pinned host memory (activation offload) comes from here too, counted as HostOffload
 // and cached by size, since cudaMallocHost costs far more than a copy.
 //
+// Out of memory, allocate() retries once: it calls the reclaim hook (the backend's: wait
+// for the offload side stream and let go of every offloaded source whose copy is done,
+// NOTE [Offload ordering]), lets the frees queued on the stream run, gives this pool's
+// unused blocks back to the device, and asks again.
+//
 // Destructors call deallocate, which must not throw: a failure there is kept and
 // raised by the next allocate() or check_deferred() (the backend's synchronize()).
 //
@@ -21,6 +26,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -58,10 +64,13 @@ class Allocator {
     if (bytes > 0) {
       cudaError_t status = cudaMallocFromPoolAsync(&ptr, bytes, pool_, stream_);
       if (status == cudaErrorMemoryAllocation) {
-        // Let the frees queued on the stream run, give this pool's unused blocks back to
-        // the device, and try once more. Only this pool: memory that other pools, other
-        // backends or libraries hold is theirs to release (release_cached() on each).
+        // Let whatever holds device bytes only until some copy finishes let go of them
+        // (the reclaim hook), let the frees queued on the stream run, give this pool's
+        // unused blocks back to the device, and try once more. Only this pool: memory that
+        // other pools, other backends or libraries hold is theirs to release
+        // (release_cached() on each).
         cudaGetLastError();
+        if (reclaim_) reclaim_();
         synchronize(stream_);
         TRAINMEM_CUDA_CHECK(cudaMemPoolTrimTo(pool_, 0));
         status = cudaMallocFromPoolAsync(&ptr, bytes, pool_, stream_);
@@ -85,6 +94,10 @@ class Allocator {
     // At process exit the runtime may be gone before the last static tensor; nothing to free then.
     if (status != cudaErrorCudartUnloading) defer_error("cudaFreeAsync", status);
   }
+
+  /// Called by the out-of-memory retry before it waits for the stream: frees what pending
+  /// copies hold (the backend passes its offload engine's wait-and-reclaim). May throw.
+  void set_reclaim_hook(std::function<void()> reclaim) { reclaim_ = std::move(reclaim); }
 
   /// Turns pool caching off (freed blocks go back to the device at each synchronisation) or on.
   void set_caching(bool on) {
@@ -212,6 +225,7 @@ class Allocator {
   std::size_t host_cached_bytes_ = 0;
   std::string deferred_error_;
   std::uint64_t host_syncs_ = 0;
+  std::function<void()> reclaim_;
 };
 
 }  // namespace trainmem::cuda

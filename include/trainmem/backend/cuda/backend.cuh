@@ -66,7 +66,11 @@ class Backend : public FusedUpdate<Backend> {
         fingerprint_checks_(),
         copy_overflow_checks_(),
         gemm_(context()),
-        offload_(allocator_, stream_.get()) {}
+        offload_(allocator_, stream_.get()) {
+    // Out of memory, the allocator first waits for the offload copies and takes back the
+    // sources of those done (NOTE [Offload ordering]): they hold device bytes only until then.
+    allocator_.set_reclaim_hook([this] { offload_.synchronize(); });
+  }
   ~Backend() {
     cudaSetDevice(device_);
     cudaStreamSynchronize(stream_.get());

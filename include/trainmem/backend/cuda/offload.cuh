@@ -15,7 +15,9 @@
 //   ~HostCopy: the pinned buffer goes back to the cache once the last copy that reads
 //     or writes it has completed (its event is polled, not waited on).
 // Pinned bytes count as MemCategory::HostOffload from offload() until they return.
-// Finished entries are reclaimed on each offload(), fetch() and synchronize(); a
+// Finished entries are reclaimed on each offload(), fetch() and synchronize(), and by the
+// allocator's out-of-memory retry (which waits for the side stream first, so an
+// allocation never fails while a finished copy still holds its source); a
 // checkpoint region whose forward offloaded calls release_sources() as it ends, so the
 // main stream waits there for its copies and the sources' bytes return to the pool in
 // stream order instead of whenever the host next polls (a step that never waits would
