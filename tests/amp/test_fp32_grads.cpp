@@ -104,7 +104,7 @@ std::vector<tmem::Tensor<B>> as_tensors(const Net& net, const std::vector<std::v
 
 }  // namespace
 
-TEST_CASE("fp32_grads: 4 BF16 micro-batches sum to the f32 hand sum bit for bit; 16-bit .grad does not",
+TEST_CASE("fp32_grads: 4 BF16 micro-batches sum to the f32 hand sum bit for bit, a 16-bit .grad does not",
           "[amp][master][fp32_grads]") {
   const auto reference = hand_sum(DType::BF16, DType::BF16);
   auto& stats = B::default_instance().memory();
