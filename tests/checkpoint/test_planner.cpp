@@ -351,6 +351,28 @@ TEST_CASE("under bf16 autocast a plan predicts its peaks within 2% and its gradi
   CHECK(gradients(stack, ChainRunner<B>(stack.stages, {{0, n, StageMode::Keep}})) != reference);
 }
 
+TEST_CASE(
+    "with bf16 model copies whose gradients are summed in f32 (fp32_grads) the profile counts the f32 gradient and "
+    "plans predict their peaks within 2%",
+    "[checkpoint][planner][amp][fp32_grads]") {
+  // The model state the planner measures: bf16 copies, f32 masters, and gradients of 2 or 4 bytes.
+  const auto model_state = [](bool fp32_grads, std::int64_t& numel) {
+    examples::TransformerStack<B> stack(8, 32, 4, 64, 64, 8, 32, 7, true);
+    stack.autocast = DType::BF16;
+    amp::MasterWeights<B> masters(stack.params, {.model_dtype = DType::BF16, .fp32_grads = fp32_grads});
+    numel = 0;
+    for (const auto& p : stack.params) numel += p.numel();
+    Planner<B> planner(stack.stages, [&stack](const ChainRunner<B>& run) { stack.step(run); });
+    for (const auto& p : stack.params) REQUIRE(p.grad().dtype() == (fp32_grads ? DType::F32 : DType::BF16));
+    if (fp32_grads) check_predictions(stack);
+    return planner.profile().model_state;
+  };
+  std::int64_t numel = 0;
+  const std::int64_t bf16_grads = model_state(false, numel);
+  const std::int64_t f32_grads = model_state(true, numel);
+  CHECK(f32_grads - bf16_grads == 2 * numel);
+}
+
 TEST_CASE("on the CPU Offload is never measured nor planned, an Offload region keeps as plain stages do",
           "[checkpoint][planner]") {
   examples::ResidualMlpChain<B> chain(8, 16, 64, 32);

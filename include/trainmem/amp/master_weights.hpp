@@ -9,9 +9,23 @@
 // step (NOTE [Model copies that overflow] in core/copy_overflow.hpp).
 //
 // Memory: the model copy counts as MemCategory::Parameter (2 bytes per weight), the
-// master as MemCategory::MasterWeight (4 bytes). An f32 parameter handed over keeps its
+// master as MemCategory::MasterWeight (4 bytes), the gradient as MemCategory::Gradient
+// (2 bytes, or 4 with fp32_grads). An f32 parameter handed over keeps its
 // storage as the master (re-tagged), and the Var's value becomes a new 16-bit tensor;
 // every copy of the Var sees it, since a Var is a shared handle.
+//
+// NOTE [The f32 gradient]
+// By default a model copy's .grad is 16-bit, so gradients accumulated over micro-batches
+// round to 16 bits at every add. With MasterWeightsOptions::fp32_grads the gradient lives
+// in an f32 .grad beside the master instead (Megatron's "main grad", PyTorch AMP's f32
+// .grad): the parameter's Var::set_grad_in_f32, so backward widens each contribution to
+// f32 and adds it there (NOTE [Gradients summed in f32] in autograd/tape.hpp, on any
+// backend). It is still the Var's .grad, so everything that reads gradients reads it
+// unchanged: zero_grad frees it, GradScaler::unscale_ divides it in place (no f32 copy
+// to make) and checks it for inf/NaN, optim::clip_grad_norm scales it, the optimizer's
+// fused update reads it, and dist::DataParallel / ZeroOptimizer (ZeroOptions::fp32_grads)
+// widen it into their f32 buckets. It counts as MemCategory::Gradient, 4 bytes per weight
+// instead of 2 (the planner measures it there); the 16-bit gradient is never stored.
 //
 // state() holds the masters by parameter name ("masters.<name>"); the 16-bit model
 // copies are the module's state, and the stochastic-rounding stream the optimizer's.
@@ -38,6 +52,8 @@ struct MasterWeightsOptions {
   DType model_dtype = DType::BF16;                    // f16 or bf16
   RoundingMode rounding = RoundingMode::NearestEven;  // Stochastic: bf16 only
   std::uint64_t seed = 0;                             // stochastic rounding's Philox seed
+  /// The model copies' gradients are summed in f32 (NOTE [The f32 gradient] above).
+  bool fp32_grads = false;
 };
 
 /// \brief f32 masters for a set of parameters whose values become 16-bit model copies.
@@ -89,6 +105,7 @@ class MasterWeights {
         masters_.push_back(std::move(made[i]));
       }
       p.zero_grad();
+      p.set_grad_in_f32(options_.fp32_grads);
     }
   }
 

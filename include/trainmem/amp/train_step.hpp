@@ -69,6 +69,7 @@ namespace trainmem::amp {
 struct TrainStepOptions {
   DType precision = DType::F32;  // f32, bf16 or f16: the autocast dtype (f32: no autocast)
   bool master_weights = true;    // bf16 / f16: 16-bit model parameters behind f32 masters
+  bool fp32_grads = false;       // with master weights: gradients summed in f32 (MasterWeightsOptions)
   GradScalerOptions scaler{};    // used under f16 (and bf16 with scaler.scale_bf16)
   int micro_batches = 1;         // run(): this many forward + backward passes (loss / m each), one update
   double clip_grad_norm = 0.0;   // > 0: clip the global gradient norm to this after unscaling; 0: off
@@ -108,7 +109,9 @@ class TrainStep {
       optimizer.check_may_take_master(i, "amp::TrainStep");  // before MasterWeights narrows anything
       params.push_back(optimizer.entries()[i].param);
     }
-    masters_.emplace(std::move(params), MasterWeightsOptions{options_.precision});
+    MasterWeightsOptions masters{options_.precision};
+    masters.fp32_grads = options_.fp32_grads;
+    masters_.emplace(std::move(params), masters);
     masters_->attach(optimizer);
   }
 

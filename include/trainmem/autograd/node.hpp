@@ -34,6 +34,9 @@ struct GradSlot {
   /// Holds contributions that passed a node which scales gradients (a loss scaler's):
   /// still multiplied by that scale, until unscaled or zero_grad (NOTE [Scaled gradients]).
   bool scaled = false;
+  /// Contributions are summed into an f32 .grad whatever the leaf's dtype (a 16-bit model
+  /// copy's "main grad": Var::set_grad_in_f32, amp::MasterWeightsOptions::fp32_grads).
+  bool in_f32 = false;
 };
 
 /// \brief Where one input's gradient goes.

@@ -47,6 +47,17 @@
 // no device work. Optimizers refuse a scaled gradient unless their step divides it
 // (StepControl::grad_divisor) or they were told it is meant; unscale_ and zero_grad clear
 // the mark, set_grad keeps it (a replacement is made from the scaled gradient).
+//
+// NOTE [Gradients summed in f32]
+// A 16-bit leaf's gradient is 16-bit: each contribution is cast to the leaf's dtype and
+// added in place, so summing micro-batches rounds to 16 bits at every add. A leaf marked
+// Var::set_grad_in_f32 (amp::MasterWeightsOptions::fp32_grads) keeps an f32 .grad instead:
+// a 16-bit contribution is widened to f32 (exactly) and added there in f32, and an f32
+// contribution (an op that computed in f32, e.g. a norm under autocast) is not narrowed
+// first. So the sum over micro-batches is, bit for bit, the f32 sum of each micro-batch's
+// gradient in the order they ran. Both steps are backend ops any backend has, a cast
+// (map Identity, 16-bit -> f32) and a mixed-dtype add (map Add, f32 + 16-bit -> f32,
+// computed in f32); nothing else about the tape changes.
 #pragma once
 
 #include <memory>
@@ -228,7 +239,9 @@ class Tape {
           const Edge<B>& edge = node->inputs[i];
           if (!edge.wants_grad() || i >= grad_inputs.size() || !grad_inputs[i].defined()) continue;
           Tensor<B>& g = grad_inputs[i];
-          if (g.dtype() != edge.dtype) g = g.to(edge.dtype);
+          // An f32 contribution to a leaf summed in f32 stays f32 (NOTE [Gradients summed in f32]).
+          if (g.dtype() != edge.dtype && !(edge.leaf && edge.leaf->in_f32 && g.dtype() == DType::F32))
+            g = g.to(edge.dtype);
           if (edge.leaf) {
             accumulate_into_leaf(*edge.leaf, g);
             edge.leaf->scaled = edge.leaf->scaled || scaled;
@@ -344,9 +357,11 @@ class Tape {
     return out;
   }
   void accumulate_into_leaf(GradSlot<B>& slot, const Tensor<B>& g) {
+    const DType dtype = slot.in_f32 ? DType::F32 : g.dtype();
     if (!slot.grad.defined()) {
-      slot.grad = Tensor<B>::empty(g.shape(), g.dtype(), MemCategory::Gradient, *backend_);
-      backend_->copy(slot.grad.data(), g.data(), g.bytes());
+      slot.grad = Tensor<B>::empty(g.shape(), dtype, MemCategory::Gradient, *backend_);
+      if (g.dtype() == dtype) backend_->copy(slot.grad.data(), g.data(), g.bytes());
+      else backend_->map(math::Identity{}, g, slot.grad);  // widened to f32, exactly
     } else {
       detail::check(slot.grad.shape() == g.shape(), "backward: accumulated grad is ", slot.grad.shape(),
                     ", new contribution is ", g.shape());

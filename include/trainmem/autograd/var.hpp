@@ -144,6 +144,25 @@ class Var {
     detail::check(impl().grad_slot != nullptr, "Var::set_grad: '", impl().name, "' is not a leaf that requires grad");
     impl().grad_slot->grad = std::move(grad);
   }
+  /// With `on`, backward sums this leaf's gradient in an f32 .grad even when the value is
+  /// 16-bit (NOTE [Gradients summed in f32] in autograd/tape.hpp): every contribution is
+  /// widened to f32 and added there, so micro-batches accumulate without rounding to 16
+  /// bits at each add (Megatron's "main grad"). The .grad counts as MemCategory::Gradient,
+  /// 4 bytes per element. Only while .grad is undefined (after zero_grad).
+  void set_grad_in_f32(bool on) const {
+    detail::check(impl().grad_slot != nullptr, "Var::set_grad_in_f32: '", impl().name,
+                  "' is not a leaf that requires grad");
+    detail::check(!impl().grad_slot->grad.defined() || impl().grad_slot->in_f32 == on, "Var::set_grad_in_f32: '",
+                  impl().name, "' holds a ", impl().grad_slot->grad.dtype(),
+                  " gradient already; call zero_grad() before changing where gradients are summed");
+    detail::check(!on || dtype() != DType::F64, "Var::set_grad_in_f32: '", impl().name,
+                  "' is f64; summing its gradient in f32 would round it (for 16-bit or f32 leaves)");
+    impl().grad_slot->in_f32 = on;
+  }
+  /// Whether backward sums .grad in f32 (set_grad_in_f32).
+  bool grad_in_f32() const { return impl().grad_slot != nullptr && impl().grad_slot->in_f32; }
+  /// The dtype backward makes .grad in: f32 under set_grad_in_f32, else the value's.
+  DType grad_dtype() const { return grad_in_f32() ? DType::F32 : dtype(); }
   void zero_grad() const {
     if (!impl().grad_slot) return;
     impl().grad_slot->grad = Tensor<B>();

@@ -198,7 +198,7 @@ class GradBuckets {
       if (!p.grad().defined()) {
         out.zero_();
         // Data parallelism hands every parameter a gradient; ZeRO-2 frees them anyway.
-        if (!to_shard()) p.set_grad(Tensor<B>::zeros(p.shape(), p.dtype(), MemCategory::Gradient, backend));
+        if (!to_shard()) p.set_grad(Tensor<B>::zeros(p.shape(), p.grad_dtype(), MemCategory::Gradient, backend));
         return;
       }
       backend.map(math::Identity{}, flat_view(p.grad(), piece.param_offset, piece.param_offset + piece.count), out);

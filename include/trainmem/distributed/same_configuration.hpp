@@ -43,13 +43,15 @@ Setting setting(std::string name, const T& value) {
 }
 
 namespace detail {
-/// The parameter count, then "parameter i" = "'name' shape dtype" for each, in order.
+/// The parameter count, then "parameter i" = "'name' shape dtype" for each, in order
+/// (with "(f32 gradient)" for a 16-bit one whose gradient is summed in f32).
 template <class B>
 std::vector<Setting> parameter_settings(const std::vector<Var<B>>& params) {
   std::vector<Setting> out{setting("parameter count", params.size())};
   for (std::size_t i = 0; i < params.size(); ++i) {
     std::ostringstream value;
     value << "'" << params[i].name() << "' " << params[i].shape() << " " << params[i].dtype();
+    if (params[i].grad_in_f32() && params[i].dtype() != DType::F32) value << " (f32 gradient)";
     out.push_back({"parameter " + std::to_string(i), value.str()});
   }
   return out;

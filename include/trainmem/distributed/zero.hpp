@@ -7,6 +7,9 @@
 // keeps only the shard's gradient too. Per rank, with Ψ parameters on N ranks:
 //   ZeRO-1: 2Ψ weights + 2Ψ gradients + 12Ψ/N          = 4Ψ + 12Ψ/N bytes
 //   ZeRO-2: 2Ψ weights + (2 + 12)Ψ/N                  = 2Ψ + 14Ψ/N bytes
+// With ZeroOptions::fp32_grads the gradients are f32 (summed over micro-batches in f32,
+// amp/master_weights.hpp's NOTE [The f32 gradient]): ZeRO-1 4Ψ + 2Ψ more, ZeRO-2's shard
+// 16Ψ/N, and its full gradients 4Ψ while backward makes them.
 // (ZeRO-2's full gradients exist only while backward makes them: with the overlap of
 // dist/data_parallel.hpp each is freed once the buckets holding it are reduced.)
 //
@@ -51,7 +54,10 @@ struct ZeroOptions {
   DType model_dtype = DType::BF16;
   RoundingMode rounding = RoundingMode::NearestEven;  // of the 16-bit copies
   std::uint64_t seed = 0;                             // stochastic rounding's seed
-  DataParallelOptions data_parallel = {};             // bucket size, accumulation
+  /// The 16-bit copies' gradients are summed in f32 (amp::MasterWeightsOptions::fp32_grads,
+  /// Var::set_grad_in_f32), and ZeRO-2's shard gradient is f32: 2 more bytes a weight each.
+  bool fp32_grads = false;
+  DataParallelOptions data_parallel = {};  // bucket size, accumulation
 };
 
 /// \brief An optimizer (AdamW by default) whose state is sharded over the ranks of `comm`.
@@ -104,7 +110,8 @@ class ZeroOptimizer {
       amp::check_narrowed_finite(sources, copies, names, "dist::ZeroOptimizer");
     }
     if (options.stage == 2)
-      grad_shard_ = Tensor<B>::zeros(Shape{shard_.size()}, options.model_dtype, MemCategory::Gradient, backend);
+      grad_shard_ = Tensor<B>::zeros(Shape{shard_.size()}, options.fp32_grads ? DType::F32 : options.model_dtype,
+                                     MemCategory::Gradient, backend);
 
     std::vector<Var<B>> segments;
     layout.for_each_piece(shard_, [&](const Piece& piece) {
@@ -130,6 +137,7 @@ class ZeroOptimizer {
       ps[i].impl().value =
           flat_view(flat_, layout.offset(i), layout.offset(i) + layout.numel(i)).reshape(ps[i].shape());
       ps[i].zero_grad();
+      ps[i].set_grad_in_f32(options.fp32_grads);
     }
     if (options.stage == 2) dp_.reduce_into_shard(grad_shard_, shard_);
   }
@@ -265,7 +273,8 @@ class ZeroOptimizer {
   /// their byte counts, the rounding the weights every rank receives.
   static std::vector<Setting> settings_of(const ZeroOptions& options) {
     return {setting("stage", options.stage), setting("model_dtype", options.model_dtype),
-            setting("rounding", options.rounding == RoundingMode::Stochastic ? "stochastic" : "nearest-even")};
+            setting("rounding", options.rounding == RoundingMode::Stochastic ? "stochastic" : "nearest-even"),
+            setting("fp32_grads", options.fp32_grads ? "on" : "off")};
   }
 
   /// Every segment has a reduced gradient a step may apply; checked before clipping

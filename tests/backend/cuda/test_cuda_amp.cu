@@ -8,6 +8,7 @@
 // bit as they were.
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -319,4 +320,69 @@ TEST_CASE("cuda amp: GradScaler skips a step with an inf gradient on the device 
   train_step(false);
   CHECK(scaler.get_scale() == 1024.0);  // two clean steps: growth
   CHECK(scaler.growth_tracker() == 0);
+}
+
+TEST_CASE("cuda amp: fp32_grads sums 4 bf16 micro-batches into the f32 hand sum bit for bit",
+          "[cuda][amp][fp32_grads]") {
+  TRAINMEM_REQUIRE_CUDA_DEVICE();
+  constexpr std::int64_t kIn = 24, kHidden = 40, kOut = 8, kRows = 16;
+  constexpr int kMicro = 4;
+  struct Net {
+    explicit Net(bool fp32_grads)
+        : init(11),
+          fc1(kIn, kHidden, init, true, DType::F32, "fc1"),
+          fc2(kHidden, kOut, init, true, DType::F32, "fc2") {
+      std::vector<tmem::Var<Gpu>> ps = params();
+      masters = std::make_unique<tmem::amp::MasterWeights<Gpu>>(
+          ps, tmem::amp::MasterWeightsOptions{.model_dtype = DType::BF16, .fp32_grads = fp32_grads});
+    }
+    std::vector<tmem::Var<Gpu>> params() const {
+      std::vector<tmem::Var<Gpu>> ps = fc1.parameters();
+      for (const auto& p : fc2.parameters()) ps.push_back(p);
+      return ps;
+    }
+    void backward(int k) const {
+      std::vector<double> x, y;
+      for (std::int64_t i = 0; i < kRows * kIn; ++i) x.push_back(std::sin(0.37 * static_cast<double>(i) + 1.3 * k));
+      for (std::int64_t r = 0; r < kRows; ++r) y.push_back(static_cast<double>((3 * r + k) % kOut));
+      tmem::Tape<Gpu> tape;
+      auto input = tape.input(tmem::Tensor<Gpu>::from_host(Shape{kRows, kIn}, x));
+      const auto labels = tmem::Tensor<Gpu>::from_host(Shape{kRows}, y, DType::I32);
+      tmem::Var<Gpu> loss;
+      {
+        tmem::amp::Autocast guard(DType::BF16);
+        loss = tmem::cross_entropy(fc2(tmem::tanh(fc1(input))), labels);
+      }
+      tape.backward(loss);
+    }
+    std::vector<std::vector<float>> grads() const {
+      std::vector<std::vector<float>> out;
+      for (const auto& p : params()) out.push_back(p.grad().to_host<float>());
+      return out;
+    }
+    tmem::nn::Init init;
+    tmem::nn::Linear<Gpu> fc1, fc2;
+    std::unique_ptr<tmem::amp::MasterWeights<Gpu>> masters;
+  };
+  // The hand sum: each micro-batch's bf16 gradient alone, widened, added in f32 on the host in order.
+  Net alone(false);
+  std::vector<std::vector<float>> reference;
+  for (int k = 0; k < kMicro; ++k) {
+    for (const auto& p : alone.params()) p.zero_grad();
+    alone.backward(k);
+    for (const auto& p : alone.params()) REQUIRE(p.grad().dtype() == DType::BF16);
+    const auto g = alone.grads();
+    if (k == 0) reference = g;
+    else
+      for (std::size_t i = 0; i < g.size(); ++i)
+        for (std::size_t j = 0; j < g[i].size(); ++j) reference[i][j] += g[i][j];
+  }
+  Net bf16_sum(false), f32_sum(true);
+  for (int k = 0; k < kMicro; ++k) {
+    bf16_sum.backward(k);
+    f32_sum.backward(k);
+  }
+  for (const auto& p : f32_sum.params()) CHECK(p.grad().dtype() == DType::F32);
+  CHECK(bf16_sum.grads() != reference);
+  CHECK(f32_sum.grads() == reference);
 }

@@ -1,7 +1,7 @@
 // tests/distributed/mpi/test_distributed_mpi.cpp — data parallelism and ZeRO over MPI, one scenario per run.
 //
 //   mpirun -np N test_distributed_mpi <equivalence|overflow|empty_shard|memory|mismatch|failed_backward|
-//                               checkpoint_bf16|abort|stalled|fewer_steps|early_return|skipped_step|
+//                               checkpoint_bf16|fp32_grads|abort|stalled|fewer_steps|early_return|skipped_step|
 //                               zero_stages|bucket_bytes|parameter_order|accumulation_steps>
 //
 // Each rank checks its own results and throws on a failure; dist::mpi::run then names
@@ -439,6 +439,137 @@ int checkpoint_bf16(dist::mpi::Communicator& comm) {
   return 0;
 }
 
+/// The f32 values of `t`, in order.
+std::vector<float> floats(const Tensor<B>& t) { return t.to_host<float>(); }
+
+/// One process's reference for fp32_grads on 2 ranks, by hand: rank q's micro-batches'
+/// bf16 gradients, each computed alone and widened, summed in f32 in order (S_q); the
+/// average (S_0 + S_1) * (1/8) in f32, as the buckets compute it; every parameter's in
+/// the flat order. Then an AdamW step of `net` on exactly that gradient.
+std::vector<float> hand_average(const TinyNet& net, optim::AdamW<B>& opt, int step, int ranks, int micro) {
+  const std::int64_t rows = kGlobalBatch / ranks;
+  std::vector<float> total;
+  for (int q = 0; q < ranks; ++q) {
+    std::vector<float> sum;
+    for (int m = 0; m < micro; ++m) {
+      const std::int64_t first = q * rows;
+      opt.zero_grad();
+      backward(net, first + m * rows / micro, first + (m + 1) * rows / micro, step, DType::BF16);
+      std::vector<float> g;
+      for (const auto& p : net.parameters()) {
+        require(p.grad().dtype() == DType::BF16, "the reference's gradient is ", p.grad().dtype());
+        for (float v : floats(p.grad())) g.push_back(v);
+      }
+      if (sum.empty()) sum = g;
+      else
+        for (std::size_t i = 0; i < g.size(); ++i) sum[i] += g[i];
+    }
+    if (total.empty()) total = sum;
+    else
+      for (std::size_t i = 0; i < sum.size(); ++i) total[i] += sum[i];
+  }
+  const auto inverse = static_cast<float>(1.0 / (ranks * micro));
+  for (float& v : total) v = inverse * v;
+  std::size_t at = 0;
+  for (const auto& p : net.parameters()) {
+    const auto n = static_cast<std::size_t>(p.numel());
+    p.set_grad(Tensor<B>::from_host(p.shape(), std::vector<double>(total.begin() + at, total.begin() + at + n),
+                                    DType::F32, MemCategory::Gradient));
+    at += n;
+  }
+  opt.step();
+  return total;
+}
+
+/// BF16 model copies with f32 masters, 4 micro-batches per step of BF16 autocast, 3 AdamW
+/// steps, with gradients summed in f32 (fp32_grads): DataParallel over amp::MasterWeights,
+/// ZeRO-1 and ZeRO-2 reduce to the one-process hand-summed average bit for bit and step
+/// to its masters and bf16 weights bit for bit. Without fp32_grads (bf16 sums) the
+/// reduced gradients differ from it. 2 ranks: a sum of two is the same in either order.
+int fp32_grads(dist::mpi::Communicator& comm) {
+  require(comm.size() == 2, "fp32_grads runs on 2 ranks, not ", comm.size());
+  constexpr int kMicro = 4, kSteps = 3;
+  const std::int64_t rows = kGlobalBatch / comm.size(), first = comm.rank() * rows;
+  for (int stage : {0, 1, 2}) {
+    for (bool f32 : {true, false}) {
+      const std::string what = "stage " + std::to_string(stage) + (f32 ? ", fp32_grads" : ", bf16 gradients");
+      TinyNet reference_net;
+      amp::MasterWeights<B> reference_masters(reference_net.parameters(), {.model_dtype = DType::BF16});
+      optim::AdamW<B> reference_opt(reference_net.parameters(), adamw_options());
+      reference_masters.attach(reference_opt);
+
+      TinyNet net;
+      const dist::DataParallelOptions dp{.bucket_bytes = 64, .accumulation_steps = kMicro};
+      std::unique_ptr<amp::MasterWeights<B>> masters;
+      std::unique_ptr<dist::DataParallel<B>> sync;
+      std::unique_ptr<optim::AdamW<B>> opt;
+      std::unique_ptr<dist::ZeroOptimizer<B>> zero;
+      if (stage == 0) {
+        masters = std::make_unique<amp::MasterWeights<B>>(
+            net.parameters(), amp::MasterWeightsOptions{.model_dtype = DType::BF16, .fp32_grads = f32});
+        sync = std::make_unique<dist::DataParallel<B>>(comm, net.parameters(), dp);
+        opt = std::make_unique<optim::AdamW<B>>(net.parameters(), adamw_options());
+        masters->attach(*opt);
+      } else {
+        zero = std::make_unique<dist::ZeroOptimizer<B>>(
+            comm, net.parameters(),
+            dist::ZeroOptions{.stage = stage, .model_dtype = DType::BF16, .fp32_grads = f32, .data_parallel = dp},
+            adamw_options());
+      }
+      for (const auto& p : net.parameters())
+        require(p.dtype() == DType::BF16 && p.grad_in_f32() == f32, what, ": '", p.name(), "' is ", p.dtype());
+      for (int s = 0; s < kSteps; ++s) {
+        const std::vector<float> expected = hand_average(reference_net, reference_opt, s, comm.size(), kMicro);
+        if (zero) zero->zero_grad();
+        else opt->zero_grad();
+        for (int m = 0; m < kMicro; ++m) {
+          backward(net, first + m * rows / kMicro, first + (m + 1) * rows / kMicro, s, DType::BF16);
+          if (zero) zero->micro_batch_done();
+          else sync->micro_batch_done();
+        }
+        // The reduced average: every gradient (data parallel, ZeRO-1) or this rank's shard (ZeRO-2).
+        std::vector<float> reduced, wanted;
+        if (stage == 2) {
+          require(zero->shard_gradient().dtype() == (f32 ? DType::F32 : DType::BF16), what, ": the shard gradient is ",
+                  zero->shard_gradient().dtype());
+          reduced = floats(zero->shard_gradient());
+          wanted.assign(expected.begin() + zero->shard().begin, expected.begin() + zero->shard().end);
+        } else {
+          for (const auto& p : net.parameters()) {
+            require(p.grad().dtype() == (f32 ? DType::F32 : DType::BF16), what, ": a reduced gradient is ",
+                    p.grad().dtype());
+            for (float v : floats(p.grad())) reduced.push_back(v);
+          }
+          wanted = expected;
+        }
+        if (!f32) {
+          if (s == 0) require(reduced != wanted, what, ": bf16 sums equal the f32 hand sum (the test cannot fail)");
+          break;
+        }
+        require(reduced == wanted, what, ", step ", s, ": the reduced gradients differ from the f32 hand sum");
+        if (zero) zero->step();
+        else opt->step();
+        // The masters (this rank's shard of them under ZeRO) and the bf16 weights are the reference's.
+        std::vector<float> reference_flat, mine;
+        for (const auto& master : reference_masters.masters())
+          for (float v : floats(master)) reference_flat.push_back(v);
+        if (zero) {
+          mine = floats(zero->masters());
+          reference_flat.assign(reference_flat.begin() + zero->shard().begin,
+                                reference_flat.begin() + zero->shard().end);
+        } else {
+          for (const auto& master : masters->masters())
+            for (float v : floats(master)) mine.push_back(v);
+        }
+        require(mine == reference_flat, what, ", step ", s, ": the masters differ from one process's");
+        require(weights(net) == weights(reference_net), what, ", step ", s,
+                ": the bf16 weights differ from one process's");
+      }
+    }
+  }
+  return 0;
+}
+
 // The cross-rank mistakes of issue 55: each scenario is a training loop as a user would
 // write it, wrong on the last rank only. None of them may hang or train silently: every
 // rank must end with a message naming the rank and what differs (the CTest cases check
@@ -571,6 +702,7 @@ int main(int argc, char** argv) {
         if (scenario == "memory") return memory(comm);
         if (scenario == "mismatch") return mismatch(comm);
         if (scenario == "checkpoint_bf16") return checkpoint_bf16(comm);
+        if (scenario == "fp32_grads") return fp32_grads(comm);
         if (scenario == "abort") return abort_on_error(comm);
         if (scenario == "failed_backward") return failed_backward(comm);
         if (scenario == "fewer_steps") return fewer_steps(comm);
