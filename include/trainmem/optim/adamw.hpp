@@ -213,8 +213,8 @@ class AdamW : public Optimizer<B> {
       const auto check = Optimizer<B>::check_group_value;
       check(std::isfinite(group.lr_scale) && group.lr_scale >= 0, who, g, "lr_scale", group.lr_scale,
             "finite and >= 0");
-      for (const auto& [name, beta] : {std::pair{"beta1", group.beta1}, std::pair{"beta2", group.beta2}})
-        if (beta) check(*beta >= 0 && *beta < 1, who, g, name, *beta, "in [0, 1)");
+      if (group.beta1) check(*group.beta1 >= 0 && *group.beta1 < 1, who, g, "beta1", *group.beta1, "in [0, 1)");
+      if (group.beta2) check(*group.beta2 >= 0 && *group.beta2 < 1, who, g, "beta2", *group.beta2, "in [0, 1)");
       if (group.eps) check(std::isfinite(*group.eps) && *group.eps > 0, who, g, "eps", *group.eps, "finite and > 0");
       if (group.weight_decay)
         check(std::isfinite(*group.weight_decay) && *group.weight_decay >= 0, who, g, "weight_decay",
