@@ -21,6 +21,11 @@
 // found_inf, update, 16-bit copy with the configured rounding). A rank with an empty
 // shard (Ψ < N ranks' worth) gets one empty segment and still joins every collective.
 //
+// Parameter groups (AdamWGroup, SgdGroup: NOTE [Parameter groups] in optim/optimizer.hpp)
+// survive sharding: each segment joins its parameter's group, so every element steps with
+// its group's settings. The shard optimizer holds the groups that have a segment on this
+// rank, in order (a rank may hold fewer groups than were given; its state is its own).
+//
 // With a GradScaler, step(scaler) unscales the shard, sums the ranks' found-inf flags
 // (one all-reduce), so every rank skips the same steps and the scalers stay equal, and
 // clips with a global norm: each rank's sum of squares, gathered and added in rank
@@ -28,6 +33,7 @@
 #pragma once
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdint>
 #include <deque>
@@ -45,6 +51,20 @@
 #include "trainmem/optim/adamw.hpp"
 
 namespace trainmem::dist {
+
+namespace detail {
+/// The optimizer's parameter group type (optim::AdamWGroup, optim::SgdGroup), or an empty
+/// struct for an optimizer without groups.
+template <class Optimizer>
+struct GroupOf {
+  struct type {};
+};
+template <class Optimizer>
+requires requires { typename Optimizer::Group; }
+struct GroupOf<Optimizer> {
+  using type = typename Optimizer::Group;
+};
+}  // namespace detail
 
 /// \brief What a ZeroOptimizer shards and how it stores the weights.
 struct ZeroOptions {
@@ -71,7 +91,24 @@ class ZeroOptimizer {
   template <class OptimizerOptions>
   ZeroOptimizer(Communicator<B>& comm, std::vector<Var<B>> params, ZeroOptions options,
                 OptimizerOptions optimizer_options)
-      : dp_(comm, std::move(params), checked(options).data_parallel, settings_of(options)),
+      : ZeroOptimizer(comm, std::move(params), std::vector<Group>{}, {}, options, optimizer_options) {}
+  /// As above, with the parameters in groups, each with its own settings (checked as the
+  /// optimizer checks them, before any collective, then the same on every rank); the flat
+  /// layout takes the parameters group by group.
+  template <class OptimizerOptions>
+  ZeroOptimizer(Communicator<B>& comm, std::vector<typename detail::GroupOf<Optimizer>::type> groups,
+                ZeroOptions options, OptimizerOptions optimizer_options)
+      : ZeroOptimizer(comm, params_of(groups), groups, group_settings(groups, optimizer_options), options,
+                      optimizer_options) {}
+
+ private:
+  using Group = typename detail::GroupOf<Optimizer>::type;
+  /// `groups` empty: one plain list; else their params are `params`, group by group, and
+  /// `group_settings` describes them for the check that every rank has the same.
+  template <class OptimizerOptions>
+  ZeroOptimizer(Communicator<B>& comm, std::vector<Var<B>> params, std::vector<Group> groups,
+                const std::vector<Setting>& group_settings, ZeroOptions options, OptimizerOptions optimizer_options)
+      : dp_(comm, std::move(params), checked(options).data_parallel, settings_of(options, group_settings)),
         options_(options),
         shard_(shard_range(dp_.layout().total(), comm.rank(), comm.size())) {
     const auto& ps = dp_.params();
@@ -125,7 +162,18 @@ class ZeroOptimizer {
       segments_.push_back({Piece{0, 0, 0, 0}, 0});
       segments.push_back(Var<B>::parameter(flat_view(flat_, 0, 0), "empty shard"));
     }
-    optimizer_ = std::make_unique<Optimizer>(std::move(segments), optimizer_options);
+    if constexpr (requires { typename Optimizer::Group; }) {
+      if (!groups.empty()) {  // each segment in its parameter's group; groups with no segment here are left out
+        std::vector<std::size_t> group_of;
+        for (std::size_t g = 0; g < groups.size(); ++g) group_of.insert(group_of.end(), groups[g].params.size(), g);
+        for (Group& g : groups) g.params.clear();
+        for (std::size_t i = 0; i < segments.size(); ++i)
+          groups[group_of[segments_[i].piece.param]].params.push_back(segments[i]);
+        std::erase_if(groups, [](const Group& g) { return g.params.empty(); });
+        optimizer_ = std::make_unique<Optimizer>(std::move(groups), optimizer_options);
+      }
+    }
+    if (!optimizer_) optimizer_ = std::make_unique<Optimizer>(std::move(segments), optimizer_options);
     if (masters) {
       for (std::size_t i = 0; i < segments_.size(); ++i)
         optimizer_->set_master(
@@ -142,6 +190,7 @@ class ZeroOptimizer {
     if (options.stage == 2) dp_.reduce_into_shard(grad_shard_, shard_);
   }
 
+ public:
   /// Drops every parameter's gradient and the shard's reduced ones (before the first
   /// micro-batch of a step, or after a step that was refused).
   void zero_grad() {
@@ -260,6 +309,29 @@ class ZeroOptimizer {
       for (const Var<B>& p : dp_.params()) p.zero_grad();
   }
 
+  /// The groups' parameters, group by group.
+  static std::vector<Var<B>> params_of(const std::vector<Group>& groups) {
+    std::vector<Var<B>> params;
+    for (const Group& g : groups) params.insert(params.end(), g.params.begin(), g.params.end());
+    return params;
+  }
+  /// "parameter group i" = its parameter count and settings, after the optimizer's own checks
+  /// of the groups (a parameter in two groups, an empty group, a bad value), before any collective.
+  template <class OptimizerOptions>
+  static std::vector<Setting> group_settings(const std::vector<Group>& groups, const OptimizerOptions& options) {
+    const Optimizer check(groups, options);  // throws as the optimizer would; holds no state
+    std::vector<Setting> out;
+    const auto maps = check.group_maps();
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      std::string value = std::to_string(groups[g].params.size()) + " parameters";
+      for (const auto& [field, v] : maps[g]) {
+        char text[32];  // the shortest text that reads back as v: ranks differing in any bit differ here
+        value += ", " + field + " " + std::string(text, std::to_chars(text, text + sizeof text, v).ptr);
+      }
+      out.push_back({"parameter group " + std::to_string(g), value});
+    }
+    return out;
+  }
   /// The options, checked before any collective (so a bad one throws on its own rank only
   /// there, not part way through set-up).
   static const ZeroOptions& checked(const ZeroOptions& options) {
@@ -270,11 +342,15 @@ class ZeroOptimizer {
     return options;
   }
   /// What every rank must choose alike: the stage decides the collectives, the model dtype
-  /// their byte counts, the rounding the weights every rank receives.
-  static std::vector<Setting> settings_of(const ZeroOptions& options) {
-    return {setting("stage", options.stage), setting("model_dtype", options.model_dtype),
-            setting("rounding", options.rounding == RoundingMode::Stochastic ? "stochastic" : "nearest-even"),
-            setting("fp32_grads", options.fp32_grads ? "on" : "off")};
+  /// their byte counts, the rounding the weights every rank receives, fp32_grads the
+  /// gradients' dtype; the parameter groups which settings each element steps with.
+  static std::vector<Setting> settings_of(const ZeroOptions& options, const std::vector<Setting>& group_settings) {
+    std::vector<Setting> out{
+        setting("stage", options.stage), setting("model_dtype", options.model_dtype),
+        setting("rounding", options.rounding == RoundingMode::Stochastic ? "stochastic" : "nearest-even"),
+        setting("fp32_grads", options.fp32_grads ? "on" : "off")};
+    out.insert(out.end(), group_settings.begin(), group_settings.end());
+    return out;
   }
 
   /// Every segment has a reduced gradient a step may apply; checked before clipping

@@ -22,6 +22,22 @@
 // checked before anything changes: optim/optimizer_state.hpp (included at the end of this
 // header). Masters are MasterWeights' state.
 //
+// NOTE [Parameter groups]
+// SGD and AdamW also take their parameters in groups (SgdGroup, AdamWGroup): a group
+// carries `lr_scale`, which multiplies the base rate options().lr (the rate a schedule
+// drives: `optimizer.options().lr = schedule.lr(step)`), and optional overrides of the
+// other options (weight decay; AdamW's betas and eps, SGD's momentum); a field a group
+// leaves unset follows options(). Each parameter's update uses its group's settings, so
+// two groups step exactly as two optimizers would, one per group, and everything that
+// walks entries() (GradScaler's unscale_ and step, MasterWeights, clip_grad_norm,
+// TrainStep) covers every group in one call. A parameter in two groups, an empty group or
+// a bad value is refused at construction, naming the group index and the field. state()
+// saves the groups ("groups", "groups.<i>.<field>" for lr_scale and each override set,
+// "params.<name>.group"); load_state refuses a state whose group count or membership
+// differs from this optimizer's, naming what differs, and restores the saved hyperparameter
+// values (as it restores options(), and as PyTorch's load_state_dict restores its
+// param_groups'). An optimizer built from one list has no groups and saves no group keys.
+//
 // A 16-bit model copy that an update made inf (its master finite but beyond f16's 65504)
 // is a CopyOverflowError: at the end of the step on the CPU, at the next host wait on a
 // GPU; the step itself is taken in full (NOTE [Model copies that overflow] in
@@ -85,6 +101,7 @@ struct ParamGroupEntry {
   /// AdamW [beta1^t, beta2^t], SGD with momentum [t]. See NOTE [Steps a device can cancel].
   Tensor<B> step_state;
   std::int64_t steps = 0;  // update passes launched for this parameter
+  std::size_t group = 0;   // index of its parameter group (0 when the optimizer has none)
 };
 
 /// \brief What a loss scaler tells one step; each field is optional (undefined: absent).
@@ -111,6 +128,13 @@ class Optimizer {
   Optimizer& operator=(const Optimizer&) = delete;
   Optimizer(Optimizer&&) = default;
   Optimizer& operator=(Optimizer&&) = default;
+
+  /// How many parameter groups the optimizer was built with (0: one plain list, every
+  /// parameter takes options()). NOTE [Parameter groups].
+  std::size_t group_count() const { return group_count_; }
+  /// Per group: lr_scale and each override the group sets, by field name (empty without
+  /// groups), as state() saves them.
+  virtual std::vector<std::map<std::string, double>> group_maps() const = 0;
 
   /// Throws, naming `who`, unless `param`'s (defined) gradient is one a step may apply:
   /// floating point, and not left part-way by a failed backward (Var::grad_incomplete).
@@ -243,6 +267,34 @@ class Optimizer {
   /// Allocates whatever update(e, target, ...) will use, before any update of the step runs.
   virtual void prepare(ParamGroupEntry<B>& e, const Tensor<B>& target) = 0;
 
+  /// Parameters given in groups: `groups[g]` holds group g's. Refuses, naming `who` and
+  /// the group, an empty group or a parameter in two groups; then the list's own checks.
+  Optimizer(const std::vector<std::vector<Var<B>>>& groups, std::string_view who) : id_(next_id()) {
+    detail::check(!groups.empty(), who, ": no parameter groups");
+    std::vector<Var<B>> params;
+    std::vector<std::size_t> group_of;
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      detail::check(!groups[g].empty(), who, ": group ", g, " has no parameters");
+      for (const Var<B>& p : groups[g]) {
+        for (std::size_t i = 0; i < params.size(); ++i)
+          detail::check(
+              group_of[i] == g || !p.defined() || !params[i].defined() || !params[i].value().overlaps(p.value()), who,
+              ": '", p.name(), "' is in group ", group_of[i], " and in group ", g,
+              "; a parameter belongs to one group");
+        params.push_back(p);
+        group_of.push_back(g);
+      }
+    }
+    check_parameter_list(params, who);
+    for (std::size_t i = 0; i < params.size(); ++i) entries_.push_back({params[i], {}, {}, {}, {}, 0, group_of[i]});
+    group_count_ = groups.size();
+  }
+  /// Throws, naming `who`, group `g` and `field`, unless `ok`; `expected` says what is allowed.
+  static void check_group_value(bool ok, std::string_view who, std::size_t g, std::string_view field, double value,
+                                std::string_view expected) {
+    detail::check(ok, who, ": group ", g, ": ", field, " must be ", expected, ", got ", value);
+  }
+
   // What state() saves of the derived optimizer: the keys its first and second moments go
   // under (files saved earlier use them, so a key never changes), the length of the
   // per-parameter step state, and the options as named numbers.
@@ -251,18 +303,24 @@ class Optimizer {
   /// Which of {first moment, second moment, step state} prepare() makes for a parameter.
   virtual std::array<bool, 3> kept_states() const = 0;
   virtual std::map<std::string, double> options_map() const = 0;
+  /// The fields a group may override (besides lr_scale), as group_maps names them.
+  virtual std::vector<std::string> group_fields() const = 0;
   /// Throws unless the states under `prefix` ("params.<name>.") hold values a run of this
   /// optimizer can reach, for a parameter stepped `steps` times (layout already checked).
   virtual void check_param_values(const StateDict& state, const std::string& prefix, std::int64_t steps) const = 0;
-  /// Throws unless `options` (the keys options_map writes) are valid; changes nothing.
-  virtual void check_options_map(const std::map<std::string, double>& options) const = 0;
+  /// Throws unless `options` (the keys options_map writes) and `groups` (as group_maps
+  /// writes them, one per group) are valid together; changes nothing.
+  virtual void check_options_map(const std::map<std::string, double>& options,
+                                 const std::vector<std::map<std::string, double>>& groups) const = 0;
   /// Refuses the current options (options() hands them out to change between steps).
   virtual void check_options() const = 0;
   /// Sets the options (checked) and forgets anything cached from the old state.
-  virtual void load_options_map(const std::map<std::string, double>& options) = 0;
+  virtual void load_options_map(const std::map<std::string, double>& options,
+                                const std::vector<std::map<std::string, double>>& groups) = 0;
 
   std::vector<ParamGroupEntry<B>> entries_;
   std::int64_t steps_ = 0;
+  std::size_t group_count_ = 0;
 
  private:
   static void check_scalar(const Tensor<B>& t, const char* what) {
@@ -273,6 +331,8 @@ class Optimizer {
   // Save/load helpers (optim/optimizer_state.hpp).
   void names_or_throw(const char* who) const;
   std::map<std::string, double> options_from(const StateDict& state) const;
+  std::vector<std::map<std::string, double>> groups_from(const StateDict& state) const;
+  void check_groups(const StateDict& state) const;
   static void load_tensor(const StateDict& state, const std::string& name, Tensor<B>& tensor, const Tensor<B>& like);
 
   void run_step(double grad_scale, const StepControl<B>& control) {
