@@ -134,6 +134,7 @@ int main(int argc, char** argv) {
                 "|bf16g-f32|", "|fp32g-f32|");
     std::array<double, 3> window{}, total_abs{};
     double total_diff = 0.0;
+    const trainmem::optim::LrSchedule schedule = examples::lr_schedule(s.lr, s.steps);
     for (std::int64_t step = 0; step < s.steps; ++step) {
       std::vector<Batch> micro;
       for (std::int64_t m = 0; m < s.micro_batches; ++m)
@@ -141,7 +142,7 @@ int main(int argc, char** argv) {
             char_model::make_batch(text.ids(), char_model::random_starts(rng, s.batch, 0, split, context), context));
       std::array<double, 3> loss{};
       for (std::size_t r = 0; r < runs.size(); ++r) {
-        runs[r].optimizer.options().lr = examples::learning_rate(s.lr, step, s.steps);
+        runs[r].optimizer.options().lr = schedule.lr(step);
         loss[r] = runs[r].step(micro);
         window[r] += loss[r];
       }

@@ -135,32 +135,27 @@ inline std::vector<double> train_ranks(dist::Communicator<B>& comm, int stage, i
     trainmem::detail::check(message.find("failed part way") != std::string::npos && weights(net) == before, "rank ",
                             comm.rank(), ": the step after a failed backward was not refused (", message, ")");
   };
+  // The same steps for both: `optimizer` steps and zeroes, `micro_batch_done` reduces.
+  const auto train = [&](auto& optimizer, const auto& micro_batch_done) {
+    for (int s = 0; s < steps; ++s) {
+      if (s == fail_at) {
+        optimizer.zero_grad();
+        local(s, true, micro_batch_done);
+        refused([&] { optimizer.step(); });
+      }
+      optimizer.zero_grad();
+      local(s, false, micro_batch_done);
+      optimizer.step();
+    }
+  };
   if (stage == 0) {
     dist::DataParallel<B> sync(comm, net.parameters(), dp);
     optim::AdamW<B> opt(net.parameters(), adamw_options());
-    for (int s = 0; s < steps; ++s) {
-      if (s == fail_at) {
-        opt.zero_grad();
-        local(s, true, [&] { sync.micro_batch_done(); });
-        refused([&] { opt.step(); });
-      }
-      opt.zero_grad();
-      local(s, false, [&] { sync.micro_batch_done(); });
-      opt.step();
-    }
+    train(opt, [&] { sync.micro_batch_done(); });
   } else {
     dist::ZeroOptimizer<B> zero(comm, net.parameters(),
                                 {.stage = stage, .model_dtype = DType::F32, .data_parallel = dp}, adamw_options());
-    for (int s = 0; s < steps; ++s) {
-      if (s == fail_at) {
-        zero.zero_grad();
-        local(s, true, [&] { zero.micro_batch_done(); });
-        refused([&] { zero.step(); });
-      }
-      zero.zero_grad();
-      local(s, false, [&] { zero.micro_batch_done(); });
-      zero.step();
-    }
+    train(zero, [&] { zero.micro_batch_done(); });
   }
   return weights(net);
 }
