@@ -80,10 +80,13 @@ class GradBuckets {
   GradBuckets& operator=(const GradBuckets&) = delete;
 
   /// ZeRO-2: this rank keeps the sums of `shard` only, in `shard_grad` (shard.size()
-  /// elements), and the full gradients are freed as their windows are done.
-  void reduce_into_shard(Tensor<B> shard_grad, Range shard) {
+  /// elements), and the full gradients are freed as their windows are done. With
+  /// `accumulate` the divided sums are added to `shard_grad` instead of replacing it
+  /// (ZeRO-3 reduces every micro-batch and sums them in the shard).
+  void reduce_into_shard(Tensor<B> shard_grad, Range shard, bool accumulate = false) {
     shard_grad_ = std::move(shard_grad);
     shard_ = shard;
+    accumulate_ = accumulate;
   }
 
   /// Parameter `param`'s gradient is final for this step: start what that makes ready
@@ -150,8 +153,10 @@ class GradBuckets {
     const Var<B>& p = (*params_)[param];
     const Tensor<B>& grad = p.grad();
     if (!grad.defined()) return;
-    trainmem::detail::check(grad.shape() == p.shape() && is_floating(grad.dtype()), "dist: the gradient of '", p.name(),
-                            "' is ", grad.shape(), " ", grad.dtype(), "; the parameter is ", p.shape(), " ", p.dtype(),
+    // A ZeRO-3 parameter between its units has no value: its numel is the layout's.
+    const bool shape_ok = p.value().defined() ? grad.shape() == p.shape() : grad.numel() == layout_->numel(param);
+    trainmem::detail::check(shape_ok && is_floating(grad.dtype()), "dist: the gradient of '", p.name(), "' is ",
+                            grad.shape(), " ", grad.dtype(), "; the parameter is ", p.shape(), " ", p.dtype(),
                             " (a gradient must have its parameter's shape and be floating point)");
   }
 
@@ -263,7 +268,9 @@ class GradBuckets {
     if (n > 0) {
       if (divisor_ != 1.0) backend.map(math::Scale{1.0 / divisor_}, window.mine, window.mine);
       const std::int64_t at = std::max(window.range.begin, shard_.begin) - shard_.begin;
-      backend.map(math::Identity{}, window.mine, shard_grad_.slice(at, at + n));
+      const Tensor<B> into = shard_grad_.slice(at, at + n);
+      if (accumulate_) backend.map(math::Add{}, into, window.mine, into);
+      else backend.map(math::Identity{}, window.mine, into);
     }
     layout_->for_each_piece(window.range, [&](const Piece& piece) {
       if (--windows_left_[piece.param] == 0) (*params_)[piece.param].zero_grad();
@@ -279,6 +286,7 @@ class GradBuckets {
   std::vector<int> params_in_window_, windows_of_param_;  // fixed by the layout
   Tensor<B> shard_grad_;
   Range shard_;
+  bool accumulate_ = false;
 
   // One step's state: armed by its first ready gradient (or by finish), cleared by finish.
   bool armed_ = false;

@@ -40,6 +40,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -64,6 +65,67 @@ requires requires { typename Optimizer::Group; }
 struct GroupOf<Optimizer> {
   using type = typename Optimizer::Group;
 };
+
+/// The global 2-norm of a shard optimizer's gradients (a collective): each rank's sum of
+/// squares, gathered and added in rank order, so every rank gets the same norm to the bit.
+template <class B, class Optimizer>
+double global_grad_norm(Communicator<B>& comm, const Optimizer& optimizer) {
+  B& backend = optimizer.entries().front().param.value().backend();
+  Tensor<B> sum_sq = Tensor<B>::zeros(Shape{}, DType::F64, MemCategory::Temporary, backend);
+  for (const auto& e : optimizer.entries())
+    if (e.param.grad().defined() && e.param.grad().numel() > 0) backend.sum_squares(e.param.grad(), sum_sq);
+  const double mine = sum_sq.template to_host<double>()[0];
+  std::vector<double> all(static_cast<std::size_t>(comm.size()));
+  comm.all_gather_host(std::as_bytes(std::span(&mine, 1)), std::as_writable_bytes(std::span(all)));
+  double total = 0;
+  for (double s : all) total += s;
+  return std::sqrt(total);
+}
+
+/// One step of a shard optimizer whose segments hold reduced gradients: with a scaler
+/// (enabled), unscale, agree on found-inf over the ranks (one all-reduce), clip with the
+/// global norm when `max_grad_norm` >= 0, step or skip alike on every rank. `after(stepped)`
+/// runs after the step, also when the step was taken and its 16-bit copy overflowed
+/// (CopyOverflowError, rethrown), so every rank still joins what `after` communicates.
+/// Returns whether it stepped. `who` names the caller in errors.
+template <class B, class Optimizer, class After>
+bool sharded_step(Communicator<B>& comm, Optimizer& optimizer, std::type_identity_t<amp::GradScaler<B>>* scaler,
+                  double max_grad_norm, const char* who, After&& after) {
+  if (scaler != nullptr && !scaler->is_enabled()) scaler = nullptr;
+  trainmem::detail::check(max_grad_norm < 0 || std::isfinite(max_grad_norm), who,
+                          ": max_grad_norm must be finite (negative: no clipping), got ", max_grad_norm);
+  for (const auto& e : optimizer.entries()) {  // checked before clipping changes any
+    trainmem::detail::check(e.param.grad().defined(), who, ": '", e.param.name(),
+                            "' has no reduced gradient; call reduce_gradients() (or micro_batch_done()) first");
+    optim::Optimizer<B>::check_grad(e.param, who);
+  }
+  if (scaler != nullptr) {
+    scaler->unscale_(optimizer);
+    comm.all_reduce_sum(scaler->found_inf(optimizer));
+  }
+  if (max_grad_norm >= 0) {
+    const double norm = global_grad_norm(comm, optimizer);
+    const double coefficient = max_grad_norm / (norm + 1e-6);  // optim::clip_grad_norm's rule
+    if (std::isfinite(norm) && coefficient < 1.0) {
+      for (const auto& e : optimizer.entries()) {
+        const Tensor<B>& g = e.param.grad();
+        if (!g.defined() || g.numel() == 0) continue;
+        g.backend().map(math::Scale{coefficient}, g, g);
+        g.bump_version();
+      }
+    }
+  }
+  bool stepped = true;
+  try {
+    if (scaler != nullptr) stepped = scaler->step(optimizer);
+    else optimizer.step();
+  } catch (const CopyOverflowError&) {  // the step was taken: every rank still runs `after`
+    after(true);
+    throw;
+  }
+  after(stepped);
+  return stepped;
+}
 }  // namespace detail
 
 /// \brief What a ZeroOptimizer shards and how it stores the weights.
@@ -218,52 +280,19 @@ class ZeroOptimizer {
   /// Steps the shard and all-gathers the updated weights; returns true (no scaler, no skip).
   /// `max_grad_norm` >= 0 clips first with the global norm.
   bool step(double max_grad_norm = -1) {
-    check_max_grad_norm(max_grad_norm);
-    require_reduced();
-    clip(max_grad_norm);
-    try {
-      optimizer_->step();
-    } catch (const CopyOverflowError&) {  // the step was taken: every rank still gathers
-      finish(true);
-      throw;
-    }
-    finish(true);
-    return true;
+    return detail::sharded_step(dp_.communicator(), *optimizer_, nullptr, max_grad_norm, "dist::ZeroOptimizer::step",
+                                [this](bool stepped) { finish(stepped); });
   }
   /// As step(), with a loss scaler: the gradients are unscaled, the ranks agree on
   /// found-inf and every rank steps or skips together. Returns whether it stepped.
   /// Call scaler.update() afterwards, as with one process.
   bool step(amp::GradScaler<B>& scaler, double max_grad_norm = -1) {
-    if (!scaler.is_enabled()) return step(max_grad_norm);
-    check_max_grad_norm(max_grad_norm);
-    require_reduced();
-    scaler.unscale_(*optimizer_);
-    dp_.communicator().all_reduce_sum(scaler.found_inf(*optimizer_));
-    clip(max_grad_norm);
-    bool stepped = false;
-    try {
-      stepped = scaler.step(*optimizer_);
-    } catch (const CopyOverflowError&) {  // the step was taken: every rank still gathers
-      finish(true);
-      throw;
-    }
-    finish(stepped);
-    return stepped;
+    return detail::sharded_step(dp_.communicator(), *optimizer_, &scaler, max_grad_norm, "dist::ZeroOptimizer::step",
+                                [this](bool stepped) { finish(stepped); });
   }
 
   /// The global 2-norm of the reduced gradients (a collective; the same on every rank).
-  double grad_norm() {
-    B& backend = flat_.backend();
-    Tensor<B> sum_sq = Tensor<B>::zeros(Shape{}, DType::F64, MemCategory::Temporary, backend);
-    for (const auto& e : optimizer_->entries())
-      if (e.param.grad().defined() && e.param.grad().numel() > 0) backend.sum_squares(e.param.grad(), sum_sq);
-    const double mine = sum_sq.template to_host<double>()[0];
-    std::vector<double> all(static_cast<std::size_t>(dp_.communicator().size()));
-    dp_.communicator().all_gather_host(std::as_bytes(std::span(&mine, 1)), std::as_writable_bytes(std::span(all)));
-    double total = 0;
-    for (double s : all) total += s;
-    return std::sqrt(total);
-  }
+  double grad_norm() { return detail::global_grad_norm(dp_.communicator(), *optimizer_); }
 
   /// The optimizer of this rank's shard (its parameters are the shard's segments).
   Optimizer& shard_optimizer() { return *optimizer_; }
@@ -351,35 +380,6 @@ class ZeroOptimizer {
         setting("fp32_grads", options.fp32_grads ? "on" : "off")};
     out.insert(out.end(), group_settings.begin(), group_settings.end());
     return out;
-  }
-
-  /// Every segment has a reduced gradient a step may apply; checked before clipping
-  /// changes any.
-  void require_reduced() const {
-    for (const auto& e : optimizer_->entries()) {
-      trainmem::detail::check(e.param.grad().defined(), "dist::ZeroOptimizer::step: '", e.param.name(),
-                              "' has no reduced gradient; call reduce_gradients() (or micro_batch_done()) first");
-      optim::Optimizer<B>::check_grad(e.param, "dist::ZeroOptimizer::step");
-    }
-  }
-
-  static void check_max_grad_norm(double max_grad_norm) {
-    trainmem::detail::check(max_grad_norm < 0 || std::isfinite(max_grad_norm),
-                            "dist::ZeroOptimizer::step: max_grad_norm must be finite (negative: no clipping), got ",
-                            max_grad_norm);
-  }
-
-  void clip(double max_grad_norm) {
-    if (max_grad_norm < 0) return;
-    const double norm = grad_norm();
-    const double coefficient = max_grad_norm / (norm + 1e-6);  // optim::clip_grad_norm's rule
-    if (!std::isfinite(norm) || coefficient >= 1.0) return;
-    for (const auto& e : optimizer_->entries()) {
-      const Tensor<B>& g = e.param.grad();
-      if (!g.defined() || g.numel() == 0) continue;
-      g.backend().map(math::Scale{coefficient}, g, g);
-      g.bump_version();
-    }
   }
 
   /// After a step: every rank's updated shard goes to every other rank, bucket by bucket,

@@ -3,17 +3,21 @@
 //   mpirun -np N test_distributed_mpi <equivalence|overflow|empty_shard|memory|mismatch|failed_backward|
 //                               groups|checkpoint_bf16|fp32_grads|abort|stalled|fewer_steps|early_return|
 //                               skipped_step|zero_stages|bucket_bytes|parameter_order|accumulation_steps|
-//                               zero_groups>
+//                               zero_groups|zero3_equivalence|zero3_bf16|zero3_f16|zero3_memory|
+//                               zero3_resume|zero3_abort>
 //
 // Each rank checks its own results and throws on a failure; dist::mpi::run then names
 // the rank and aborts the job, so a failed check can never leave the others waiting.
 // The references are independent: one process training on the whole global batch
 // (no communicator), the ZeRO byte formulas, bitwise snapshots taken before a step,
 // the same sharded run without checkpoint regions.
+#include <unistd.h>
+
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <thread>
@@ -21,6 +25,7 @@
 
 #include "../distributed_model.hpp"
 #include "trainmem/checkpoint/sequential.hpp"
+#include "trainmem/distributed/fully_sharded.hpp"
 #include "trainmem/distributed/mpi.hpp"
 
 using namespace dist_test;
@@ -740,6 +745,422 @@ int abort_on_error(dist::mpi::Communicator& comm) {
   return 0;
 }
 
+// --- ZeRO-3 (dist::FullyShardedModel) -----------------------------------------------------
+
+/// TinyNet as two units ({fc1}, {fc2}) under ZeRO-3 in f32: `micro` micro-batches a step.
+std::vector<double> train_zero3_tiny(dist::Communicator<B>& comm, int steps, int micro, int prefetch) {
+  TinyNet net;
+  dist::FullyShardedModel<B> model(
+      comm, {net.fc1.parameters(), net.fc2.parameters()},
+      {.model_dtype = DType::F32, .prefetch_depth = prefetch, .bucket_bytes = 64, .accumulation_steps = micro},
+      adamw_options());
+  const std::int64_t rows = kGlobalBatch / comm.size(), first = comm.rank() * rows;
+  for (int s = 0; s < steps; ++s) {
+    model.zero_grad();
+    for (int m = 0; m < micro; ++m) {
+      Tape<B> tape;
+      auto [x, labels] = batch(first + m * rows / micro, first + (m + 1) * rows / micro, s);
+      Var<B> h = model.forward(
+          tape, 0, [&](const Var<B>& in) { return tanh(net.fc1(in)); }, tape.input(x));
+      Var<B> logits = model.forward(
+          tape, 1, [&](const Var<B>& in) { return net.fc2(in); }, h);
+      tape.backward(cross_entropy(logits, labels));
+      model.micro_batch_done();
+    }
+    model.step();
+  }
+  return model.full_weights();
+}
+
+/// ZeRO-3 in f32, 20 AdamW steps, with and without accumulation and prefetch: equal to one
+/// process on the global batch and to ZeRO-2 (<= 1e-6 relative), bitwise between two runs,
+/// with prefetch and without, and on every rank.
+int zero3_equivalence(dist::mpi::Communicator& comm) {
+  const std::vector<double> reference = train_reference(20);
+  const std::int64_t rows = kGlobalBatch / comm.size();
+  for (int micro : {1, rows % 2 == 0 ? 2 : 3}) {
+    const std::string what = "ZeRO-3, " + std::to_string(micro) + " micro-batches";
+    const std::vector<double> first = train_zero3_tiny(comm, 20, micro, 1);
+    const std::vector<double> second = train_zero3_tiny(comm, 20, micro, 1);
+    const std::vector<double> no_prefetch = train_zero3_tiny(comm, 20, micro, 0);
+    require(first == second, what, ": two runs differ");
+    require(first == no_prefetch, what, ": prefetch changed the weights");
+    require_same_on_every_rank(comm, first, what.c_str());
+    require_close(first, reference, what + " vs one process");
+    require_close(first, train_ranks(comm, 2, 20, 64, micro), what + " vs ZeRO-2");
+  }
+  return 0;
+}
+
+/// BlockNet's units: the embedding, each block, the head.
+std::vector<std::vector<Var<B>>> block_units(const BlockNet& net) {
+  std::vector<std::vector<Var<B>>> units{net.embed.parameters()};
+  for (const BlockNet::Block& b : net.blocks) {
+    std::vector<Var<B>> u;
+    for (const auto& list : {b.norm.parameters(), b.fc1.parameters(), b.fc2.parameters()})
+      u.insert(u.end(), list.begin(), list.end());
+    units.push_back(u);
+  }
+  units.push_back(net.head->parameters());
+  return units;
+}
+
+/// BlockNet trained in `dtype` (bf16 or f16, autocast alike) for `steps` AdamW steps of
+/// `micro` micro-batches with global-norm clipping: ZeRO-2 (`stage` 2, regions None) or
+/// ZeRO-3 (`stage` 3) with each block its own unit, run as it is, as a full-recompute
+/// region or as a selective region keeping matmul outputs. With f16 a GradScaler runs the
+/// steps, and at step `overflow_at` the last rank's input holds an inf.
+struct ShardedRun {
+  std::vector<double> weights;
+  std::vector<unsigned char> shard_state;  // this rank's masters and moments, raw
+  std::int64_t recomputes = 0;
+  int skipped = 0;
+};
+ShardedRun train_blocks_sharded(dist::Communicator<B>& comm, int stage, Regions regions, DType dtype, int micro,
+                                int steps, int overflow_at = -1) {
+  BlockNet net;
+  std::unique_ptr<dist::ZeroOptimizer<B>> zero;
+  std::unique_ptr<dist::FullyShardedModel<B>> model;
+  if (stage == 2)
+    zero = std::make_unique<dist::ZeroOptimizer<B>>(
+        comm, net.parameters(),
+        dist::ZeroOptions{
+            .stage = 2, .model_dtype = dtype, .data_parallel = {.bucket_bytes = 256, .accumulation_steps = micro}},
+        adamw_options());
+  else
+    model = std::make_unique<dist::FullyShardedModel<B>>(
+        comm, block_units(net),
+        dist::FullyShardedOptions{.model_dtype = dtype, .bucket_bytes = 256, .accumulation_steps = micro},
+        adamw_options());
+  amp::GradScalerOptions scaler_options;
+  scaler_options.init_scale = 1024;
+  scaler_options.enabled = dtype == DType::F16;
+  amp::GradScaler<B> scaler(DType::F16, scaler_options);
+  const std::vector<Layer<B>> layers = net.block_layers();
+  CheckpointOptions selective;
+  selective.policy = policy::save_matmuls();
+  const std::int64_t rows = kGlobalBatch / comm.size(), first = comm.rank() * rows;
+  ShardedRun run;
+  const auto optimizer = [&]() -> const optim::Optimizer<B>& {
+    if (zero) return zero->shard_optimizer();
+    return model->shard_optimizer();
+  };
+  // This rank's weights (its shard under ZeRO-3), masters and moments, raw.
+  const auto shard_bits = [&] {
+    std::vector<unsigned char> out;
+    if (zero)
+      for (const auto& p : net.parameters()) append_bits(out, p.value());
+    else append_bits(out, model->shard_weights());
+    append_bits(out, zero ? zero->masters() : model->masters());
+    for (const auto& e : optimizer().entries()) {
+      append_bits(out, e.first_moment);
+      append_bits(out, e.second_moment);
+    }
+    return out;
+  };
+  const std::int64_t recomputes_before = checkpoint_stats().recomputes;
+  for (int s = 0; s < steps; ++s) {
+    if (zero) zero->zero_grad();
+    else model->zero_grad();
+    for (int m = 0; m < micro; ++m) {
+      Tape<B> tape;
+      tape.manual_seed(static_cast<std::uint64_t>(1000 * comm.rank() + 10 * s + m));
+      auto [x, labels] = batch(first + m * rows / micro, first + (m + 1) * rows / micro, s);
+      if (s == overflow_at && m == 0 && comm.rank() == comm.size() - 1) {
+        std::vector<double> values = x.to_host<double>();
+        values[0] = INFINITY;
+        x = Tensor<B>::from_host(x.shape(), values);
+      }
+      Var<B> loss;
+      {
+        amp::Autocast guard(dtype);
+        if (zero) {
+          Var<B> h = net.embed(tape.input(x));
+          for (const auto& layer : layers) h = layer(h);
+          loss = cross_entropy((*net.head)(h), labels);
+        } else {
+          Var<B> h = model->forward(
+              tape, 0, [&](const Var<B>& in) { return net.embed(in); }, tape.input(x));
+          for (std::size_t b = 0; b < layers.size(); ++b) {
+            h = model->forward(
+                tape, 1 + b,
+                [&](const Var<B>& in) {
+                  switch (regions) {
+                    case Regions::None: return layers[b](in);
+                    case Regions::EveryBlock: return checkpoint(tape, layers[b], in);
+                    default: return checkpoint(tape, selective, layers[b], in);
+                  }
+                },
+                h);
+          }
+          loss = cross_entropy(model->forward(
+                                   tape, 1 + layers.size(), [&](const Var<B>& in) { return (*net.head)(in); }, h),
+                               labels);
+        }
+      }
+      tape.backward(scaler.scale(loss));
+      if (zero) zero->micro_batch_done();
+      else model->micro_batch_done();
+    }
+    const std::vector<unsigned char> before = shard_bits();
+    const bool stepped = zero ? zero->step(scaler, 0.05) : model->step(scaler, 0.05);
+    scaler.update();
+    run.skipped += stepped ? 0 : 1;
+    require(stepped || shard_bits() == before, "stage ", stage, " step ", s,
+            ": a skipped step changed the weights, masters or moments");
+  }
+  run.recomputes = checkpoint_stats().recomputes - recomputes_before;
+  if (zero) {
+    for (const auto& p : net.parameters())
+      for (double v : p.value().to_host<double>()) run.weights.push_back(v);
+  } else {
+    run.weights = model->full_weights();
+  }
+  run.shard_state = shard_bits();
+  return run;
+}
+
+/// ZeRO-3 under BF16 autocast (bf16 weights, f32 masters), 8 AdamW steps of 2 micro-batches
+/// with global-norm clipping and dropout: with every block a full-recompute region or a
+/// selective one, every weight, master and moment is bitwise the run's without regions;
+/// two runs and every rank agree bitwise. With one micro-batch a step it equals ZeRO-2's
+/// run (<= 1e-6 relative: the same bf16 gradients, summed in f32 over the ranks).
+int zero3_bf16(dist::mpi::Communicator& comm) {
+  const ShardedRun plain = train_blocks_sharded(comm, 3, Regions::None, DType::BF16, 2, 8);
+  require(plain.recomputes == 0, "the run without regions recomputed ", plain.recomputes, " times");
+  require_same_on_every_rank(comm, plain.weights, "ZeRO-3 bf16 weights");
+  require(train_blocks_sharded(comm, 3, Regions::None, DType::BF16, 2, 8).shard_state == plain.shard_state,
+          "ZeRO-3 bf16: two runs differ");
+  for (Regions regions : {Regions::EveryBlock, Regions::SelectiveSegments}) {
+    const char* what = regions == Regions::EveryBlock ? "every block a region" : "selective regions";
+    const ShardedRun checkpointed = train_blocks_sharded(comm, 3, regions, DType::BF16, 2, 8);
+    require(checkpointed.recomputes == 16 * BlockNet::kBlocks, what, ": ", checkpointed.recomputes,
+            " recomputes, expected ", 16 * BlockNet::kBlocks);
+    require(checkpointed.weights == plain.weights, what, ": the bf16 weights differ from the run without regions");
+    require(checkpointed.shard_state == plain.shard_state, what,
+            ": the f32 masters or moments differ from the run without regions");
+  }
+  const ShardedRun zero2 = train_blocks_sharded(comm, 2, Regions::None, DType::BF16, 1, 8);
+  const ShardedRun zero3 = train_blocks_sharded(comm, 3, Regions::EveryBlock, DType::BF16, 1, 8);
+  require_close(zero3.weights, zero2.weights, "ZeRO-3 bf16 (regions) vs ZeRO-2");
+  require_same_on_every_rank(comm, zero3.weights, "ZeRO-3 bf16 weights, one micro-batch");
+  return 0;
+}
+
+/// ZeRO-3 in F16 with the GradScaler, regions in every block: at step 3 the last rank's
+/// first micro-batch holds an inf; every rank skips that step (found-inf agreed) and only
+/// that one, leaving its weight shard, masters and moments bitwise unchanged (checked in
+/// train_blocks_sharded), and the weights are bitwise the same on every rank and in two
+/// runs. With 2 micro-batches a step and with one; with one micro-batch a step the run
+/// equals ZeRO-2's with the same overflow (<= 1e-6 relative: the same f16 gradients summed
+/// in f32; with two, ZeRO-2 sums the micro-batches in the f16 .grad and ZeRO-3 sums their
+/// reduced averages in the f16 shard, which differ by an f16 rounding).
+int zero3_f16(dist::mpi::Communicator& comm) {
+  for (int micro : {2, 1}) {
+    const std::string what = "ZeRO-3 f16, " + std::to_string(micro) + " micro-batches";
+    const ShardedRun zero3 = train_blocks_sharded(comm, 3, Regions::EveryBlock, DType::F16, micro, 6, 3);
+    require(zero3.skipped == 1, what, ": skipped ", zero3.skipped, " steps, expected 1");
+    require_same_on_every_rank(comm, zero3.weights, what.c_str());
+    require(
+        train_blocks_sharded(comm, 3, Regions::EveryBlock, DType::F16, micro, 6, 3).shard_state == zero3.shard_state,
+        what, ": two runs differ");
+    const ShardedRun clean = train_blocks_sharded(comm, 3, Regions::EveryBlock, DType::F16, micro, 6);
+    require(clean.skipped == 0, what, " without the overflow: skipped ", clean.skipped, " steps");
+    require(clean.weights != zero3.weights, what, ": the skipped step changed nothing (the test cannot fail)");
+    if (micro == 1) {
+      const ShardedRun zero2 = train_blocks_sharded(comm, 2, Regions::None, DType::F16, micro, 6, 3);
+      require(zero2.skipped == 1, "ZeRO-2 f16: skipped ", zero2.skipped, " steps, expected 1");
+      require_close(zero3.weights, zero2.weights, what + " vs ZeRO-2");
+    }
+  }
+  return 0;
+}
+
+/// Per-rank model state and gathered weights under ZeRO-3, BF16 AdamW, four units of
+/// Linear(32, 32) (Ψ_u = 1056, a multiple of 1, 2 and 4), on one process and on N ranks,
+/// prefetch depth 0, 1, 2:
+///  - weights + gradient + masters + moments = 16Ψ/N bytes, plus AdamW's scalars (16 bytes
+///    a segment, one segment per parameter piece of the shard, and 40 an optimizer), to the byte;
+///  - the most gathered bytes live at once, over forward and backward, = (1 + depth) units;
+///  - after the forward, with the tape holding every op's saved tensors, no gathered byte is
+///    live (MemCategory::Workspace back where it started): no saved tensor pins a gathered
+///    weight past its unit; at each unit's end only the prefetched units are.
+int zero3_memory(dist::mpi::Communicator& mpi) {
+  constexpr std::int64_t kWidth = 32, kUnits = 4;
+  dist::SingleProcess<B> one;
+  for (dist::Communicator<B>* comm :
+       {static_cast<dist::Communicator<B>*>(&one), static_cast<dist::Communicator<B>*>(&mpi)}) {
+    for (int depth : {0, 1, 2}) {
+      const MemoryStats& stats = B::default_instance().memory();
+      const auto model_state = [&] {
+        return stats.live(MemCategory::Parameter) + stats.live(MemCategory::Gradient) +
+               stats.live(MemCategory::MasterWeight) + stats.live(MemCategory::OptimizerState);
+      };
+      const std::int64_t base = model_state(), workspace = stats.live(MemCategory::Workspace);
+      nn::Init init(5);
+      std::vector<nn::Linear<B>> layers;
+      std::vector<std::vector<Var<B>>> units;
+      for (std::int64_t u = 0; u < kUnits; ++u) {
+        layers.emplace_back(kWidth, kWidth, init, true, DType::F32, "fc" + std::to_string(u));
+        units.push_back(layers.back().parameters());
+      }
+      const std::int64_t psi = kUnits * (kWidth * kWidth + kWidth), n = comm->size();
+      dist::FullyShardedModel<B> model(
+          *comm, units, {.model_dtype = DType::BF16, .prefetch_depth = depth, .bucket_bytes = 256}, adamw_options());
+      const std::string what = "ZeRO-3 on " + std::to_string(n) + " ranks, prefetch " + std::to_string(depth);
+      std::int64_t measured = 0;
+      for (int s = 0; s < 2; ++s) {
+        model.zero_grad();
+        model.reset_gathered_peak();
+        Tape<B> tape;
+        std::vector<double> v(4 * kWidth), l(4);
+        for (std::size_t i = 0; i < v.size(); ++i) v[i] = std::sin(0.1 * static_cast<double>(i + s));
+        for (std::size_t i = 0; i < l.size(); ++i) l[i] = static_cast<double>(i % kWidth);
+        Var<B> h = tape.input(Tensor<B>::from_host(Shape{4, kWidth}, v));
+        Var<B> loss;
+        {
+          amp::Autocast guard(DType::BF16);
+          for (std::size_t u = 0; u < layers.size(); ++u) {
+            h = model.forward(
+                tape, u, [&](const Var<B>& in) { return tanh(layers[u](in)); }, h);
+            const std::int64_t prefetched = std::min<std::int64_t>(depth, kUnits - 1 - static_cast<std::int64_t>(u));
+            require(model.gathered_live() == prefetched * model.unit_bytes(0) &&
+                        stats.live(MemCategory::Workspace) - workspace == model.gathered_live(),
+                    what, ": after unit ", u, " ", stats.live(MemCategory::Workspace) - workspace,
+                    " bytes of workspace and ", model.gathered_live(), " gathered are live, expected ",
+                    prefetched * model.unit_bytes(0), " (the prefetched units)");
+          }
+          loss = cross_entropy(h, Tensor<B>::from_host(Shape{4}, l, DType::I32));
+        }
+        tape.backward(loss);
+        model.micro_batch_done();
+        require(stats.live(MemCategory::Workspace) == workspace, what, ": ",
+                stats.live(MemCategory::Workspace) - workspace, " gathered bytes live after backward");
+        measured = model_state() - base;  // masters and moments exist from the first step on
+        model.step();
+      }
+      // AdamW's scalars: a step state of two f64 per segment, and per optimizer an f64 one and
+      // two f64 pairs (betas - 1, their powers): 16 bytes a segment + 40.
+      const auto segments = static_cast<std::int64_t>(model.shard_optimizer().entries().size());
+      const std::int64_t scalars = 16 * segments + 40;
+      const std::int64_t formula = 16 * psi / n;
+      const std::int64_t peak = std::min<std::int64_t>(1 + depth, kUnits) * model.unit_bytes(0);
+      std::printf(
+          "rank %d of %lld, ZeRO-3 prefetch %d: %lld bytes of model state (16 psi/N = %lld + %lld of step "
+          "scalars), gathered high-water %lld bytes (%lld units)\n",
+          comm->rank(), static_cast<long long>(n), depth, static_cast<long long>(measured),
+          static_cast<long long>(formula), static_cast<long long>(scalars),
+          static_cast<long long>(model.gathered_peak()),
+          static_cast<long long>(model.gathered_peak() / model.unit_bytes(0)));
+      require(measured == formula + scalars, what, ": ", measured, " bytes of model state, 16Ψ/N = ", formula, " plus ",
+              scalars, " of step scalars");
+      require(model.gathered_peak() == peak, what, ": gathered high-water ", model.gathered_peak(), " bytes, expected ",
+              peak);
+    }
+  }
+  return 0;
+}
+
+/// TinyNet in bf16 (bf16 autocast) under ZeRO-3, steps [from, to); loads `load_from` first
+/// and saves to `save_to` last when given. Returns the full weights.
+std::vector<double> train_zero3_bf16(dist::Communicator<B>& comm, int from, int to,
+                                     const std::filesystem::path* load_from, const std::filesystem::path* save_to,
+                                     std::vector<unsigned char>* shard = nullptr) {
+  TinyNet net;
+  dist::FullyShardedModel<B> model(comm, {net.fc1.parameters(), net.fc2.parameters()},
+                                   {.model_dtype = DType::BF16, .bucket_bytes = 64}, adamw_options());
+  if (load_from) trainmem::load(*load_from, {{"model", model}});
+  const std::int64_t rows = kGlobalBatch / comm.size(), first = comm.rank() * rows;
+  for (int s = from; s < to; ++s) {
+    model.zero_grad();
+    Tape<B> tape;
+    auto [x, labels] = batch(first, first + rows, s);
+    Var<B> loss;
+    {
+      amp::Autocast guard(DType::BF16);
+      Var<B> h = model.forward(
+          tape, 0, [&](const Var<B>& in) { return tanh(net.fc1(in)); }, tape.input(x));
+      loss = cross_entropy(model.forward(
+                               tape, 1, [&](const Var<B>& in) { return net.fc2(in); }, h),
+                           labels);
+    }
+    tape.backward(loss);
+    model.micro_batch_done();
+    model.step();
+  }
+  if (save_to) trainmem::save(*save_to, {{"model", model}});
+  if (shard) {
+    shard->clear();
+    append_bits(*shard, model.shard_weights());
+    append_bits(*shard, model.masters());
+    for (const auto& e : model.shard_optimizer().entries()) {
+      append_bits(*shard, e.first_moment);
+      append_bits(*shard, e.second_moment);
+    }
+  }
+  return model.full_weights();
+}
+
+/// Save/resume of a sharded run: each rank saves its shard to its own file (trainmem::save,
+/// atomic), 3 + 3 steps resumed equal 6 steps straight bitwise (weights, masters, moments);
+/// a state from a run of another number of ranks is refused naming both numbers.
+int zero3_resume(dist::mpi::Communicator& comm) {
+  const std::filesystem::path path =
+      std::filesystem::temp_directory_path() /
+      ("trainmem_zero3_resume_" + std::to_string(::getppid()) + "_rank" + std::to_string(comm.rank()) + ".tmstate");
+  std::vector<unsigned char> straight_shard, resumed_shard;
+  const std::vector<double> straight = train_zero3_bf16(comm, 0, 6, nullptr, nullptr, &straight_shard);
+  train_zero3_bf16(comm, 0, 3, nullptr, &path);
+  const std::vector<double> resumed = train_zero3_bf16(comm, 3, 6, &path, nullptr, &resumed_shard);
+  require(resumed == straight, "resumed weights differ from the straight run's");
+  require(resumed_shard == straight_shard, "the resumed shard's masters or moments differ from the straight run's");
+  require(resumed != train_zero3_bf16(comm, 3, 6, nullptr, nullptr), "resuming changed nothing (the test cannot fail)");
+  // A state saved at another number of ranks.
+  TinyNet net;
+  dist::FullyShardedModel<B> model(comm, {net.fc1.parameters(), net.fc2.parameters()},
+                                   {.model_dtype = DType::BF16, .bucket_bytes = 64}, adamw_options());
+  StateDict state = trainmem::load(path).sub("model");
+  state.set_i64("ranks", comm.size() + 2);
+  const std::string expected =
+      "saved by a run of " + std::to_string(comm.size() + 2) + " ranks and this run has " + std::to_string(comm.size());
+  std::string message = "no error";
+  try {
+    model.load_state(state);
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  require(message.find(expected) != std::string::npos, "the error '", message, "' lacks '", expected, "'");
+  std::filesystem::remove(path);
+  return 0;
+}
+
+/// Rank 1 throws inside unit 1's forward at step 2 while rank 0 goes on into the unit's
+/// collectives: the job ends on every rank with rank 1's message (CTest checks both lines).
+int zero3_abort(dist::mpi::Communicator& comm) {
+  TinyNet net;
+  dist::FullyShardedModel<B> model(comm, {net.fc1.parameters(), net.fc2.parameters()},
+                                   {.model_dtype = DType::F32, .bucket_bytes = 64}, adamw_options());
+  const std::int64_t rows = kGlobalBatch / comm.size(), first = comm.rank() * rows;
+  for (int s = 0; s < 4; ++s) {
+    model.zero_grad();
+    Tape<B> tape;
+    auto [x, labels] = batch(first, first + rows, s);
+    Var<B> h = model.forward(
+        tape, 0, [&](const Var<B>& in) { return tanh(net.fc1(in)); }, tape.input(x));
+    Var<B> logits = model.forward(
+        tape, 1,
+        [&](const Var<B>& in) {
+          if (s == 2 && comm.rank() == 1) throw Error("injected failure in unit 1 at step 2");
+          return net.fc2(in);
+        },
+        h);
+    tape.backward(cross_entropy(logits, labels));
+    model.micro_batch_done();
+    model.step();
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -749,7 +1170,7 @@ int main(int argc, char** argv) {
   dist::mpi::RunOptions options;
   if (scenario == "stalled") options.timeout = std::chrono::seconds(2);
   for (const char* name : {"fewer_steps", "early_return", "skipped_step", "zero_stages", "bucket_bytes",
-                           "parameter_order", "accumulation_steps", "zero_groups", "abort"})
+                           "parameter_order", "accumulation_steps", "zero_groups", "abort", "zero3_abort"})
     if (scenario == name) options.timeout = std::chrono::seconds(10);
   return dist::mpi::run(
       [&] {
@@ -773,6 +1194,12 @@ int main(int argc, char** argv) {
         if (scenario == "accumulation_steps") return accumulation_steps(comm);
         if (scenario == "zero_groups") return zero_groups(comm);
         if (scenario == "stalled") return stalled(comm);
+        if (scenario == "zero3_equivalence") return zero3_equivalence(comm);
+        if (scenario == "zero3_bf16") return zero3_bf16(comm);
+        if (scenario == "zero3_f16") return zero3_f16(comm);
+        if (scenario == "zero3_memory") return zero3_memory(comm);
+        if (scenario == "zero3_resume") return zero3_resume(comm);
+        if (scenario == "zero3_abort") return zero3_abort(comm);
         throw Error("test_distributed_mpi: unknown scenario '" + scenario + "'");
       },
       options);
