@@ -279,6 +279,18 @@ class FullyShardedModel {
   /// The global 2-norm of the reduced gradients (a collective; the same on every rank).
   double grad_norm() { return detail::global_grad_norm(*comm_, *optimizer_); }
 
+  /// Gathers unit u now and waits (a collective): its parameters hold their full values
+  /// until release(u) (to evaluate or inspect it outside forward).
+  void gather(std::size_t u) {
+    trainmem::detail::check(u < units_.size(), "dist::FullyShardedModel::gather: unit ", u, " of ", units_.size());
+    wait_gathered(*units_[u]);
+  }
+  /// Frees unit u's gathered weights (waiting for a gather in flight); its parameters have no value after.
+  void release(std::size_t u) {
+    trainmem::detail::check(u < units_.size(), "dist::FullyShardedModel::release: unit ", u, " of ", units_.size());
+    release(*units_[u]);
+  }
+
   /// Every parameter's full value, unit by unit in order, widened to f64 (a collective).
   std::vector<double> full_weights() {
     std::vector<double> out;
@@ -343,6 +355,8 @@ class FullyShardedModel {
   std::int64_t gathered_live() const { return gathered_live_; }
   std::int64_t gathered_peak() const { return gathered_peak_; }
   void reset_gathered_peak() { gathered_peak_ = gathered_live_; }
+  /// All-gathers of a unit's weights started so far (forward's, backward's, full_weights()').
+  std::int64_t gathers() const { return gathers_; }
 
   /// This rank's shard of every unit, in order: weights, gradient, f32 masters (undefined for an f32 model).
   const Tensor<B>& shard_weights() const { return weights_; }
@@ -463,6 +477,7 @@ class FullyShardedModel {
           .copy_from(weights_.slice(unit.at, unit.at + unit.shard.size()));
     gathered_live_ += static_cast<std::int64_t>(unit.gathered.bytes());
     gathered_peak_ = std::max(gathered_peak_, gathered_live_);
+    ++gathers_;
     unit.pending = comm_->start_all_gather(unit.gathered, unit.counts);
   }
   /// Unit's weights are gathered and its parameters' values are views of them.
@@ -522,7 +537,7 @@ class FullyShardedModel {
   Tensor<B> weights_, grads_, masters_;   // this rank's shard of every unit
   std::vector<std::int64_t> segment_at_;  // where each optimizer segment starts in the shard
   std::unique_ptr<Optimizer> optimizer_;
-  std::int64_t gathered_live_ = 0, gathered_peak_ = 0;
+  std::int64_t gathered_live_ = 0, gathered_peak_ = 0, gathers_ = 0;
   std::int64_t micro_batches_ = 0;
   bool scaled_ = false, incomplete_ = false;
 };

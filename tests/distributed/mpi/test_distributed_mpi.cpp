@@ -4,7 +4,7 @@
 //                               groups|checkpoint_bf16|fp32_grads|abort|stalled|fewer_steps|early_return|
 //                               skipped_step|zero_stages|bucket_bytes|parameter_order|accumulation_steps|
 //                               zero_groups|zero3_equivalence|zero3_bf16|zero3_f16|zero3_memory|
-//                               zero3_resume|zero3_abort>
+//                               zero3_resume|zero3_abort|zero3_keep|zero3_budget>
 //
 // Each rank checks its own results and throws on a failure; dist::mpi::run then names
 // the rank and aborts the job, so a failed check can never leave the others waiting.
@@ -1161,6 +1161,126 @@ int zero3_abort(dist::mpi::Communicator& comm) {
   return 0;
 }
 
+/// Four units of Linear(16, 16) + tanh, each run as a full-recompute checkpoint region (or as
+/// it is), f32, prefetch 1, 3 AdamW steps; `keep` keeps every unit gathered through backward.
+struct KeepRun {
+  std::vector<double> weights;
+  std::int64_t gathers_per_step = 0, gathered_peak = 0, unit_bytes = 0, recomputes = 0;
+};
+KeepRun train_units(dist::Communicator<B>& comm, bool regions, bool keep) {
+  constexpr std::int64_t kWidth = 16, kUnits = 4, kRows = 8;
+  nn::Init init(9);
+  std::vector<nn::Linear<B>> layers;
+  std::vector<std::vector<Var<B>>> units;
+  for (std::int64_t u = 0; u < kUnits; ++u) {
+    layers.emplace_back(kWidth, kWidth, init, true, DType::F32, "fc" + std::to_string(u));
+    units.push_back(layers.back().parameters());
+  }
+  dist::FullyShardedOptions options{.model_dtype = DType::F32, .bucket_bytes = 256};
+  if (keep) options.keep_gathered = {0, 1, 2, 3};
+  dist::FullyShardedModel<B> model(comm, units, options, adamw_options());
+  KeepRun run;
+  run.unit_bytes = model.unit_bytes(0);
+  const std::int64_t recomputes_before = checkpoint_stats().recomputes;
+  for (int s = 0; s < 3; ++s) {
+    model.zero_grad();
+    model.reset_gathered_peak();
+    const std::int64_t gathers_before = model.gathers();
+    Tape<B> tape;
+    std::vector<double> v(kRows * kWidth), l(kRows);
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = std::cos(0.3 * static_cast<double>(i) + s + comm.rank());
+    for (std::size_t i = 0; i < l.size(); ++i) l[i] = static_cast<double>((i + s) % kWidth);
+    Var<B> h = tape.input(Tensor<B>::from_host(Shape{kRows, kWidth}, v));
+    for (std::size_t u = 0; u < layers.size(); ++u) {
+      const auto layer = [&layers, u](const Var<B>& in) { return tanh(layers[u](in)); };
+      h = model.forward(
+          tape, u, [&](const Var<B>& in) { return regions ? checkpoint(tape, layer, in) : layer(in); }, h);
+    }
+    tape.backward(cross_entropy(h, Tensor<B>::from_host(Shape{kRows}, l, DType::I32)));
+    model.micro_batch_done();
+    model.step();
+    run.gathers_per_step = model.gathers() - gathers_before;
+    run.gathered_peak = std::max(run.gathered_peak, model.gathered_peak());
+  }
+  run.recomputes = checkpoint_stats().recomputes - recomputes_before;
+  run.weights = model.full_weights();
+  return run;
+}
+
+/// Checkpoint regions inside ZeRO-3 units: the recompute runs inside the unit's backward,
+/// after the boundary op gathered the unit, so it gathers nothing itself: 2 gathers a unit a
+/// step with regions as without (one forward, one backward, in unit order on every rank),
+/// and the weights bitwise those of the run without regions. With keep_gathered the
+/// backward gathers nothing (1 a unit a step), at the price of holding every unit's
+/// weights from its forward to its backward (high-water = all units' bytes, not 2), and
+/// the weights are again bitwise the same.
+int zero3_keep(dist::mpi::Communicator& comm) {
+  const KeepRun plain = train_units(comm, false, false);
+  const KeepRun regions = train_units(comm, true, false);
+  const KeepRun kept = train_units(comm, true, true);
+  require(regions.recomputes == 12 && kept.recomputes == 12, "recomputes: ", regions.recomputes, " and ",
+          kept.recomputes, ", expected 12 (4 regions, 3 steps)");
+  require(plain.gathers_per_step == 8 && regions.gathers_per_step == 8, "gathers a step: ", plain.gathers_per_step,
+          " without regions, ", regions.gathers_per_step, " with them; expected 8 (2 a unit)");
+  require(kept.gathers_per_step == 4, "gathers a step with keep_gathered: ", kept.gathers_per_step, ", expected 4");
+  require(regions.gathered_peak == 2 * regions.unit_bytes && kept.gathered_peak == 4 * kept.unit_bytes,
+          "gathered high-water: ", regions.gathered_peak, " and ", kept.gathered_peak,
+          " bytes, expected 2 and 4 units (", regions.unit_bytes, " bytes each)");
+  require(regions.weights == plain.weights, "regions changed the weights");
+  require(kept.weights == plain.weights, "keep_gathered changed the weights");
+  require_same_on_every_rank(comm, kept.weights, "keep_gathered weights");
+  return 0;
+}
+
+/// A model whose unsharded model state exceeds the budget trains within it on 4 ranks: eight
+/// units of Linear(64, 64) in bf16 with AdamW, Ψ = 33,280, unsharded 16Ψ = 532,480 bytes;
+/// budget 16Ψ/2 = 266,240 bytes of everything a rank allocates (every category), from
+/// building the model (its f32 values, 4Ψ, exist until the shards are made) through 3 steps.
+int zero3_budget(dist::mpi::Communicator& comm) {
+  constexpr std::int64_t kWidth = 64, kUnits = 8, kRows = 16;
+  constexpr std::int64_t kPsi = kUnits * (kWidth * kWidth + kWidth), kBudget = 16 * kPsi / 2;
+  require(comm.size() == 4, "zero3_budget runs on 4 ranks, not ", comm.size());
+  MemoryStats& stats = B::default_instance().memory();
+  const std::int64_t base = stats.live_total();
+  PeakWindow window(stats);
+  {
+    nn::Init init(13);
+    std::vector<nn::Linear<B>> layers;
+    std::vector<std::vector<Var<B>>> units;
+    for (std::int64_t u = 0; u < kUnits; ++u) {
+      layers.emplace_back(kWidth, kWidth, init, true, DType::F32, "fc" + std::to_string(u));
+      units.push_back(layers.back().parameters());
+    }
+    dist::FullyShardedModel<B> model(comm, units, {.model_dtype = DType::BF16, .bucket_bytes = 1024}, adamw_options());
+    for (int s = 0; s < 3; ++s) {
+      model.zero_grad();
+      Tape<B> tape;
+      std::vector<double> v(kRows * kWidth), l(kRows);
+      for (std::size_t i = 0; i < v.size(); ++i) v[i] = std::sin(0.01 * static_cast<double>(i) + s + comm.rank());
+      for (std::size_t i = 0; i < l.size(); ++i) l[i] = static_cast<double>((3 * i + s) % kWidth);
+      Var<B> h = tape.input(Tensor<B>::from_host(Shape{kRows, kWidth}, v));
+      Var<B> loss;
+      {
+        amp::Autocast guard(DType::BF16);
+        for (std::size_t u = 0; u < layers.size(); ++u)
+          h = model.forward(
+              tape, u, [&](const Var<B>& in) { return tanh(layers[u](in)); }, h);
+        loss = cross_entropy(h, Tensor<B>::from_host(Shape{kRows}, l, DType::I32));
+      }
+      tape.backward(loss);
+      model.micro_batch_done();
+      model.step();
+    }
+  }
+  const std::int64_t peak = window.peaks().total - base;
+  std::printf("rank %d of 4: peak %lld bytes, budget %lld (16 psi/2), unsharded model state 16 psi = %lld\n",
+              comm.rank(), static_cast<long long>(peak), static_cast<long long>(kBudget),
+              static_cast<long long>(16 * kPsi));
+  require(16 * kPsi > kBudget && peak <= kBudget, "rank ", comm.rank(), ": peak ", peak, " bytes over the budget ",
+          kBudget);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -1200,6 +1320,8 @@ int main(int argc, char** argv) {
         if (scenario == "zero3_memory") return zero3_memory(comm);
         if (scenario == "zero3_resume") return zero3_resume(comm);
         if (scenario == "zero3_abort") return zero3_abort(comm);
+        if (scenario == "zero3_keep") return zero3_keep(comm);
+        if (scenario == "zero3_budget") return zero3_budget(comm);
         throw Error("test_distributed_mpi: unknown scenario '" + scenario + "'");
       },
       options);
