@@ -1,11 +1,13 @@
 // sharding — what ZeRO saves per rank, measured, next to the formulas.
 //
 //   for n in 1 2 4; do mpirun -np $n build/bin/sharding --json sharding_np$n.json; done
+//   mpirun -np 2 build/bin/sharding --zero3-overlap --blocks 4 --dim 384 --json overlap.json
 //
 // A stack of pre-LN transformer blocks, BF16 weights with FP32 masters and AdamW, trained
-// data-parallel three ways: ZeRO-0 (DataParallel: every rank holds everything, 16Ψ),
-// ZeRO-1 (masters and moments sharded, 4Ψ + 12Ψ/N) and ZeRO-2 (gradients too,
-// 2Ψ + 14Ψ/N). After the gradients are reduced in the last step, each rank reads its
+// data-parallel four ways: ZeRO-0 (DataParallel: every rank holds everything, 16Ψ),
+// ZeRO-1 (masters and moments sharded, 4Ψ + 12Ψ/N), ZeRO-2 (gradients too,
+// 2Ψ + 14Ψ/N) and ZeRO-3 (dist::FullyShardedModel, each block a unit: the weights too,
+// 16Ψ/N). After the gradients are reduced in the last step, each rank reads its
 // live bytes per category from MemoryStats; rank 0 prints them with the formula of each
 // category (weights 2Ψ; gradients 2Ψ or 2Ψ/N; masters 4Ψ or 4Ψ/N; moments 8Ψ or 8Ψ/N)
 // and the median step time per rank. Bytes beyond the formulas are the optimizer's
@@ -15,6 +17,15 @@
 // (ZeRO-2 frees a full gradient once its buckets are reduced, so sending during
 // backward lowers it) and median step time. Ranks share this machine's cores, so with
 // more ranks than cores the times measure correctness and memory, not speed.
+//
+// --zero3-overlap measures what prefetch hides instead: ZeRO-3 with prefetch depth 1 and
+// with none, steps alternating between the two, and the same all-gathers alone (each
+// unit's gather, waited on, twice a step: forward's and backward's). Without prefetch
+// every gather waits in line with compute, so the time prefetch saves over the gathers'
+// own time is the share of gather time it hides: (ms without - ms with) / gather ms.
+// The ranks start each step together (a barrier), but a rank that computes slower (a
+// core shared with other work) makes the other wait inside a gather, prefetch or not:
+// on a loaded machine that wait is in both step times and the difference is noisy.
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -26,6 +37,7 @@
 #include <vector>
 
 #include "common/provenance.hpp"
+#include "trainmem/distributed/fully_sharded.hpp"
 #include "trainmem/distributed/mpi.hpp"
 #include "trainmem/distributed/zero.hpp"
 #include "trainmem/trainmem.hpp"
@@ -46,7 +58,7 @@ struct Settings {
 
 /// Per category, the bytes the ZeRO paper's accounting gives one rank of n.
 std::array<double, 4> formula(int stage, double psi, double n) {
-  return {2 * psi, stage == 2 ? 2 * psi / n : 2 * psi, stage >= 1 ? 4 * psi / n : 4 * psi,
+  return {stage == 3 ? 2 * psi / n : 2 * psi, stage >= 2 ? 2 * psi / n : 2 * psi, stage >= 1 ? 4 * psi / n : 4 * psi,
           stage >= 1 ? 8 * psi / n : 8 * psi};
 }
 
@@ -75,8 +87,17 @@ Measured run(tmem::dist::Communicator<B>& comm, const Settings& s, int stage, bo
   std::unique_ptr<tmem::amp::MasterWeights<B>> masters;
   std::unique_ptr<tmem::optim::AdamW<B>> plain;
   std::unique_ptr<tmem::dist::ZeroOptimizer<B>> zero;
+  std::unique_ptr<tmem::dist::FullyShardedModel<B>> sharded;
   const tmem::dist::DataParallelOptions dp{.bucket_bytes = s.bucket_bytes, .overlap_with_backward = overlap};
-  if (stage == 0) {
+  if (stage == 3) {  // `overlap`: prefetch the next block's gather
+    std::vector<std::vector<tmem::Var<B>>> units;
+    for (const auto& block : blocks) units.push_back(block->parameters());
+    sharded = std::make_unique<tmem::dist::FullyShardedModel<B>>(
+        comm, units,
+        tmem::dist::FullyShardedOptions{
+            .model_dtype = tmem::DType::BF16, .prefetch_depth = overlap ? 1 : 0, .bucket_bytes = s.bucket_bytes},
+        adamw);
+  } else if (stage == 0) {
     sync = std::make_unique<tmem::dist::DataParallel<B>>(comm, params, dp);
     masters = std::make_unique<tmem::amp::MasterWeights<B>>(params);
     plain = std::make_unique<tmem::optim::AdamW<B>>(params, adamw);
@@ -91,7 +112,9 @@ Measured run(tmem::dist::Communicator<B>& comm, const Settings& s, int stage, bo
   for (std::int64_t step = 0; step < s.steps; ++step) {
     const auto start = std::chrono::steady_clock::now();
     tmem::PeakWindow window(stats);
-    for (const auto& p : params) p.zero_grad();
+    if (sharded) sharded->zero_grad();
+    else
+      for (const auto& p : params) p.zero_grad();
     tmem::Tape<B> tape;
     std::vector<float> x(static_cast<std::size_t>(s.batch * s.tokens * s.dim));
     for (std::size_t i = 0; i < x.size(); ++i)
@@ -100,15 +123,22 @@ Measured run(tmem::dist::Communicator<B>& comm, const Settings& s, int stage, bo
     tmem::Var<B> loss;
     {
       tmem::amp::Autocast autocast(tmem::DType::BF16);
-      for (const auto& block : blocks) h = (*block)(h);
+      for (std::size_t b = 0; b < blocks.size(); ++b) {
+        if (sharded)
+          h = sharded->forward(
+              tape, b, [&](const tmem::Var<B>& in) { return (*blocks[b])(in); }, h);
+        else h = (*blocks[b])(h);
+      }
       loss = tmem::mean(tmem::mul(h, h));
     }
     tape.backward(loss);
     if (stage == 0) sync->average_gradients();
+    else if (sharded) sharded->micro_batch_done();
     else zero->reduce_gradients();
     for (std::size_t c = 0; c < 4; ++c)
       out.bytes[c] = static_cast<double>(stats.live(kCategories[c]) - base[c]);  // final at the last step
     if (stage == 0) plain->step();
+    else if (sharded) sharded->step();
     else zero->step();
     out.peak_gradient_bytes = static_cast<double>(window.peaks()[tmem::MemCategory::Gradient] - base[1]);
     times.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
@@ -118,6 +148,80 @@ Measured run(tmem::dist::Communicator<B>& comm, const Settings& s, int stage, bo
   return out;
 }
 
+/// ZeRO-3 with prefetch (depth 1) and without, steps alternating, and the gathers alone:
+/// medians per step over `steps` steps of each.
+struct Overlap {
+  double with_prefetch_ms = 0, without_prefetch_ms = 0, gathers_ms = 0;
+};
+Overlap zero3_overlap(tmem::dist::Communicator<B>& comm, const Settings& s) {
+  struct Run {
+    std::vector<std::unique_ptr<tmem::nn::TransformerBlock<B>>> blocks;
+    std::unique_ptr<tmem::dist::FullyShardedModel<B>> model;
+  };
+  const auto make = [&](int depth) {
+    Run r;
+    tmem::nn::Init init(11);
+    std::vector<std::vector<tmem::Var<B>>> units;
+    for (std::int64_t b = 0; b < s.blocks; ++b) {
+      r.blocks.push_back(std::make_unique<tmem::nn::TransformerBlock<B>>(
+          s.dim, s.heads, s.hidden, init, 0.0f, tmem::DType::F32, "block" + std::to_string(b)));
+      units.push_back(r.blocks.back()->parameters());
+    }
+    r.model = std::make_unique<tmem::dist::FullyShardedModel<B>>(
+        comm, units,
+        tmem::dist::FullyShardedOptions{
+            .model_dtype = tmem::DType::BF16, .prefetch_depth = depth, .bucket_bytes = s.bucket_bytes},
+        tmem::optim::AdamWOptions{.lr = 1e-3});
+    return r;
+  };
+  Run with = make(1), without = make(0);
+  const auto step = [&](Run& r, std::int64_t i) {
+    comm.barrier();  // both ranks start together: a step's time is its own
+    const auto start = std::chrono::steady_clock::now();
+    r.model->zero_grad();
+    tmem::Tape<B> tape;
+    std::vector<float> x(static_cast<std::size_t>(s.batch * s.tokens * s.dim));
+    for (std::size_t k = 0; k < x.size(); ++k)
+      x[k] = 0.1f * static_cast<float>((k * 7 + static_cast<std::size_t>(i + comm.rank())) % 13) - 0.6f;
+    tmem::Var<B> h = tape.input(tmem::Tensor<B>::from_host({s.batch, s.tokens, s.dim}, x));
+    tmem::Var<B> loss;
+    {
+      tmem::amp::Autocast autocast(tmem::DType::BF16);
+      for (std::size_t b = 0; b < r.blocks.size(); ++b)
+        h = r.model->forward(
+            tape, b, [&](const tmem::Var<B>& in) { return (*r.blocks[b])(in); }, h);
+      loss = tmem::mean(tmem::mul(h, h));
+    }
+    tape.backward(loss);
+    r.model->micro_batch_done();
+    r.model->step();
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  };
+  const auto gathers = [&](Run& r) {  // a step's gathers alone: each unit twice
+    comm.barrier();
+    const auto start = std::chrono::steady_clock::now();
+    for (int pass = 0; pass < 2; ++pass)
+      for (std::size_t u = 0; u < r.model->units(); ++u) {
+        r.model->gather(u);
+        r.model->release(u);
+      }
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  };
+  std::vector<double> a, b, g;
+  step(with, -1);  // warm-up: moments, caches
+  step(without, -1);
+  for (std::int64_t i = 0; i < s.steps; ++i) {
+    a.push_back(step(with, i));
+    b.push_back(step(without, i));
+    g.push_back(gathers(with));
+  }
+  const auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  return {median(a), median(b), median(g)};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -125,12 +229,18 @@ int main(int argc, char** argv) {
   return tmem::dist::mpi::run([&] {
     Settings s;
     std::string json_path;
-    CLI::App app("Per-rank model-state bytes of ZeRO-0/1/2 against the formulas (run under mpirun)");
+    CLI::App app(
+        "Per-rank model-state bytes of ZeRO-0/1/2/3 against the formulas, or what ZeRO-3 prefetch hides (run under "
+        "mpirun)");
     app.add_option("--json", json_path, "write the figures to this file (rank 0)");
     app.add_option("--blocks", s.blocks, "transformer blocks");
     app.add_option("--dim", s.dim, "model width");
     app.add_option("--steps", s.steps, "steps per configuration");
     app.add_option("--bucket-bytes", s.bucket_bytes, "communication bucket (bytes)");
+    app.add_option("--batch", s.batch, "sequences per rank");
+    app.add_option("--tokens", s.tokens, "tokens per sequence");
+    bool overlap_only = false;
+    app.add_flag("--zero3-overlap", overlap_only, "measure what ZeRO-3's prefetch hides instead of the bytes");
     try {
       app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
@@ -150,13 +260,42 @@ int main(int argc, char** argv) {
                              {"blocks", s.blocks},
                              {"dim", s.dim},
                              {"bucket_bytes", s.bucket_bytes}};
+    if (overlap_only) {
+      report["batch"] = s.batch;
+      report["tokens"] = s.tokens;
+      report["steps"] = s.steps;
+      const Overlap mine = zero3_overlap(comm, s);
+      std::vector<Overlap> all(static_cast<std::size_t>(n));
+      comm.all_gather_host(std::as_bytes(std::span(&mine, 1)), std::as_writable_bytes(std::span(all)));
+      if (comm.rank() == 0)
+        std::printf(
+            "ZeRO-3, %lld blocks of width %lld (a unit each), %lld x %lld tokens, median of %lld steps\n"
+            "%4s %16s %16s %14s %8s\n",
+            static_cast<long long>(s.blocks), static_cast<long long>(s.dim), static_cast<long long>(s.batch),
+            static_cast<long long>(s.tokens), static_cast<long long>(s.steps), "rank", "ms, prefetch 1",
+            "ms, prefetch 0", "gathers ms", "hidden");
+      for (int r = 0; r < n; ++r) {
+        const Overlap& o = all[static_cast<std::size_t>(r)];
+        const double hidden = (o.without_prefetch_ms - o.with_prefetch_ms) / o.gathers_ms;
+        report["zero3_overlap"].push_back({{"rank", r},
+                                           {"with_prefetch_ms", o.with_prefetch_ms},
+                                           {"without_prefetch_ms", o.without_prefetch_ms},
+                                           {"gathers_ms", o.gathers_ms},
+                                           {"hidden_fraction", hidden}});
+        if (comm.rank() == 0)
+          std::printf("%4d %16.2f %16.2f %14.2f %7.0f%%\n", r, o.with_prefetch_ms, o.without_prefetch_ms, o.gathers_ms,
+                      100 * hidden);
+      }
+      if (comm.rank() == 0 && !json_path.empty()) std::ofstream(json_path) << report.dump(2) << "\n";
+      return 0;
+    }
     const char* names[] = {"parameter", "gradient", "master_weight", "optimizer_state"};
     if (comm.rank() == 0)
       std::printf("%d rank(s), %lld blocks of width %lld, bucket %lld bytes\n%-6s %4s %-16s %12s %14s %10s\n", n,
                   static_cast<long long>(s.blocks), static_cast<long long>(s.dim),
                   static_cast<long long>(s.bucket_bytes), "stage", "rank", "category", "bytes", "formula", "step ms");
     std::vector<std::string> overlap_rows;
-    for (int stage : {0, 1, 2}) {
+    for (int stage : {0, 1, 2, 3}) {
       double psi = 0;
       const Measured mine = run(comm, s, stage, true, psi);
       const Measured after = run(comm, s, stage, false, psi);
@@ -197,7 +336,9 @@ int main(int argc, char** argv) {
       }
     }
     if (comm.rank() == 0) {
-      std::printf("\nbuckets sent during backward vs after it: peak gradient bytes in a step, median step ms\n");
+      std::printf(
+          "\nbuckets sent during backward vs after it (ZeRO-3: prefetch 1 vs none): peak gradient bytes in a "
+          "step, median step ms\n");
       std::printf("%-6s %4s %14s %14s %10s %10s\n", "stage", "rank", "peak, during", "peak, after", "ms, during",
                   "ms, after");
       for (const std::string& row : overlap_rows) std::printf("%s\n", row.c_str());
