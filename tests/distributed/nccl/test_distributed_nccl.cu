@@ -2,7 +2,8 @@
 //
 // Runs with one rank (a SingleProcess host communicator hands out the NCCL id): every
 // collective of one rank must return its input, and DataParallel over it must leave a
-// gradient g as g (the mean of one). Exits 77 (skipped) where no GPU exists.
+// gradient g as g (the mean of one), and ZeRO-3 (dist::FullyShardedModel) over it must take
+// the step plain AdamW takes. Exits 77 (skipped) where no GPU exists.
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -10,6 +11,7 @@
 
 #include "trainmem/cuda.hpp"
 #include "trainmem/distributed/data_parallel.hpp"
+#include "trainmem/distributed/fully_sharded.hpp"
 #include "trainmem/distributed/nccl.cuh"
 
 namespace tmem = trainmem;
@@ -55,6 +57,36 @@ int main() {
     tmem::dist::DataParallel<G> sync(comm, {w}, {.bucket_bytes = 8});
     sync.average_gradients();
     expect(w.grad().to_host<double>() == values, "DataParallel over one GPU keeps a bf16 gradient");
+
+    // ZeRO-3 over one GPU: one unit, two AdamW steps, bitwise those of plain AdamW on a twin layer.
+    tmem::nn::Init init_sharded(3), init_plain(3);
+    tmem::nn::Linear<G> sharded_fc(4, 3, init_sharded, true, tmem::DType::F32, "fc");
+    tmem::nn::Linear<G> plain_fc(4, 3, init_plain, true, tmem::DType::F32, "fc");
+    tmem::dist::FullyShardedModel<G> model(comm, {sharded_fc.parameters()}, {.model_dtype = tmem::DType::F32},
+                                           tmem::optim::AdamWOptions{.lr = 1e-2});
+    tmem::optim::AdamW<G> adamw(plain_fc.parameters(), {.lr = 1e-2});
+    const std::vector<double> x = {0.5, -1.0, 0.25, 2.0, -0.75, 1.5, 0.0, -0.5};
+    const auto input =
+        tmem::Tensor<G>::from_host(tmem::Shape{2, 4}, x, tmem::DType::F32, tmem::MemCategory::Temporary, gpu);
+    const auto labels = tmem::Tensor<G>::from_host(tmem::Shape{2}, std::vector<std::int32_t>{0, 2}, tmem::DType::I32,
+                                                   tmem::MemCategory::Temporary, gpu);
+    for (int step = 0; step < 2; ++step) {
+      model.zero_grad();
+      tmem::Tape<G> tape;
+      const tmem::Var<G> logits = model.forward(
+          tape, 0, [&](const tmem::Var<G>& in) { return sharded_fc(in); }, tape.input(input));
+      tape.backward(tmem::cross_entropy(logits, labels));
+      model.micro_batch_done();
+      model.step();
+      adamw.zero_grad();
+      tmem::Tape<G> plain_tape;
+      plain_tape.backward(tmem::cross_entropy(plain_fc(plain_tape.input(input)), labels));
+      adamw.step();
+    }
+    std::vector<double> plain;
+    for (const auto& p : plain_fc.parameters())
+      for (double v : p.value().to_host<double>()) plain.push_back(v);
+    expect(model.full_weights() == plain, "ZeRO-3 over one GPU steps as plain AdamW");
   } catch (const std::exception& e) {
     std::fprintf(stderr, "test_distributed_nccl: %s\n", e.what());
     return 1;
