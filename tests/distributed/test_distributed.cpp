@@ -13,6 +13,7 @@
 #include "error_matchers.hpp"
 #include "trainmem/distributed/communicator.hpp"
 #include "trainmem/distributed/flat_layout.hpp"
+#include "trainmem/distributed/fully_sharded.hpp"
 
 using namespace trainmem;
 using namespace dist_test;
@@ -319,4 +320,54 @@ TEST_CASE("dist: bad settings are errors that name them", "[dist]") {
   CHECK_THROWS_MATCHES(zero.step(), Error, ErrorContains("has no reduced gradient; call reduce_gradients()"));
   const auto half = Tensor<B>::zeros(Shape{4}, DType::BF16);
   CHECK_THROWS_MATCHES(comm.all_reduce_sum(half), Error, ErrorContains("sums run on f32 or f64 tensors"));
+}
+
+// --- ZeRO-3 (dist::FullyShardedModel) in one process ---------------------------------------
+
+namespace {
+/// TinyNet as two ZeRO-3 units on one rank, `steps` AdamW steps of the whole batch in f32.
+std::vector<double> train_fully_sharded_one_rank(int steps) {
+  TinyNet net;
+  dist::SingleProcess<B> one;
+  dist::FullyShardedModel<B> model(one, {net.fc1.parameters(), net.fc2.parameters()},
+                                   {.model_dtype = DType::F32, .bucket_bytes = 64}, adamw_options());
+  for (int s = 0; s < steps; ++s) {
+    model.zero_grad();
+    Tape<B> tape;
+    auto [x, labels] = batch(0, kGlobalBatch, s);
+    const Var<B> h = model.forward(
+        tape, 0, [&](const Var<B>& in) { return tanh(net.fc1(in)); }, tape.input(x));
+    tape.backward(cross_entropy(model.forward(
+                                    tape, 1, [&](const Var<B>& in) { return net.fc2(in); }, h),
+                                labels));
+    model.micro_batch_done();
+    model.step();
+  }
+  return model.full_weights();
+}
+}  // namespace
+
+TEST_CASE("dist: ZeRO-3 on one rank reproduces single-process AdamW bit for bit (F32)", "[dist]") {
+  CHECK(train_fully_sharded_one_rank(5) == train_reference(5));
+}
+
+TEST_CASE("dist: ZeRO-3 refuses an autocast dtype other than the model's, an unknown unit and bad options", "[dist]") {
+  TinyNet net;
+  dist::SingleProcess<B> one;
+  CHECK_THROWS_MATCHES(
+      (dist::FullyShardedModel<B>(one, {net.fc1.parameters()}, {.prefetch_depth = -1}, adamw_options())), Error,
+      ErrorContains("prefetch_depth must be at least 0, got -1"));
+  CHECK_THROWS_MATCHES((dist::FullyShardedModel<B>(one, {net.fc1.parameters(), {}}, {}, adamw_options())), Error,
+                       ErrorContains("unit 1 has no parameters"));
+  dist::FullyShardedModel<B> model(one, {net.fc1.parameters(), net.fc2.parameters()}, {.model_dtype = DType::F32},
+                                   adamw_options());
+  Tape<B> tape;
+  const Var<B> x = tape.input(batch(0, 4, 0).first);
+  CHECK_THROWS_MATCHES(model.forward(
+                           tape, 2, [&](const Var<B>& in) { return in; }, x),
+                       Error, ErrorContains("unit 2 of 2"));
+  amp::Autocast bf16(DType::BF16);
+  CHECK_THROWS_MATCHES(model.forward(
+                           tape, 0, [&](const Var<B>& in) { return net.fc1(in); }, x),
+                       Error, ErrorContains("autocast to bf16 over a f32 model"));
 }
