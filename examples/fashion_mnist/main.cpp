@@ -11,10 +11,11 @@
 // Precision and checkpoint schedule enter in one place each (common/training.hpp);
 // settings the example cannot run yet are refused by name.
 //
-// Built with MPI, `--zero 0|1|2` under mpirun trains data-parallel: every rank takes its
+// Built with MPI, `--zero 0|1|2|3` under mpirun trains data-parallel: every rank takes its
 // 1/N slice of each global batch (the same batches, in the same order, as one process),
 // the gradients are averaged over the ranks, and ZeRO-1/2 shard the f32 masters, AdamW
-// moments (and gradients) over them (fashion_mnist/sharded_step.hpp). Rank 0 reports
+// moments (and gradients) over them, ZeRO-3 the weights too, each stage of the model a unit
+// gathered for its forward and backward (fashion_mnist/sharded_step.hpp). Rank 0 reports
 // test accuracy and a table of every rank's peak bytes per category.
 //
 //   fashion_mnist                         # residual MLP, batch 2048, F32, planner at 0.45x, 12 epochs
@@ -22,6 +23,7 @@
 //   fashion_mnist --model vit             # vision transformer over 7x7 patches, 15 epochs
 //   fashion_mnist --train-limit 5000 --epochs 1   # a quick look
 //   mpirun -np 2 fashion_mnist --zero 2 --checkpoint sqrt   # two ranks, ZeRO-2
+//   mpirun -np 2 fashion_mnist --model mlp --zero 3 --checkpoint selective   # ZeRO-3
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -79,7 +81,7 @@ struct Options {
   examples::VitConfig vit;
   examples::ResMlpConfig resmlp;
   std::string augment;  // empty: the model's default
-  int zero = -1;        // -1: one process; 0, 1, 2: the ZeRO stage of a data-parallel run
+  int zero = -1;        // -1: one process; 0, 1, 2, 3: the ZeRO stage of a data-parallel run
 };
 
 /// Defaults per model: what reaches the accuracy targets (mlp 88.3%, vit 89%) in a few
@@ -462,6 +464,15 @@ tmem::amp::StepReport<B> sharded_classifier_step(tmem::Tape<B>& tape, const Mode
   return report;
 }
 
+/// ZeRO-3 runs each stage as a unit: a selective schedule becomes a region inside each unit,
+/// and the stages run one after the other (no schedule around them).
+bool selective_inside_units(const Options& o) {
+  return o.zero == 3 && o.settings.checkpoint.kind == examples::CheckpointSchedule::Kind::Selective;
+}
+examples::CheckpointSchedule schedule_of(const Options& o) {
+  return o.zero == 3 ? examples::CheckpointSchedule{} : o.settings.checkpoint;
+}
+
 /// One rank's memory: peak bytes per category of a steady step, and the model state
 /// (parameters, gradients, masters, optimizer state) right after the gradients are reduced.
 struct RankMemory {
@@ -475,15 +486,15 @@ template <class Model>
 RankMemory measure_sharded_memory(const Options& o, tmem::dist::Communicator<B>& comm, const Dataset& train) {
   const std::int64_t before = examples::ShardedStep<B>::model_state_bytes(B::default_instance().memory());
   Model model = make_model<Model>(o);
-  examples::ShardedStep<B> step(comm, model.parameters(), o.zero, examples::dtype_of(o.settings.precision),
+  examples::ShardedStep<B> step(comm, model.stage_parameters(), o.zero, examples::dtype_of(o.settings.precision),
                                 {.lr = o.lr, .weight_decay = o.weight_decay});
   tmem::Tape<B> tape;
   std::vector<float> images;
   std::vector<std::int32_t> labels;
   first_batch(o, train, images, labels);
   keep_rank_slice(images, labels, comm.rank(), comm.size());
-  const auto stages = model.stages(true);
-  const auto one = [&] { sharded_classifier_step(tape, model, stages, images, labels, o.settings.checkpoint, step); };
+  const auto stages = step.wrap(model.stages(true), selective_inside_units(o));
+  const auto one = [&] { sharded_classifier_step(tape, model, stages, images, labels, schedule_of(o), step); };
   RankMemory m;
   m.step = examples::measure_steady_step(B::default_instance().memory(), one, false);
   m.model_state = step.model_state_after_reduce() - before;
@@ -527,10 +538,12 @@ void print_rank_memory_table(tmem::dist::Communicator<B>& comm, const RankMemory
   const double w = half ? 2 : 4, g = half ? 2 : 4, state = half ? 12 : 8;
   const double formula = o.zero == 0   ? (w + g + state) * p
                          : o.zero == 1 ? (w + g) * p + state * p / n
-                                       : w * p + (g + state) * p / n;
+                         : o.zero == 2 ? w * p + (g + state) * p / n
+                                       : (w + g + state) * p / n;
   const std::string name = o.zero == 0   ? "16 psi"
                            : o.zero == 1 ? (half ? "4 psi + 12 psi / N" : "8 psi + 8 psi / N")
-                                         : (half ? "2 psi + 14 psi / N" : "4 psi + 12 psi / N");
+                           : o.zero == 2 ? (half ? "2 psi + 14 psi / N" : "4 psi + 12 psi / N")
+                                         : "16 psi / N";
   std::printf("ZeRO formula for the model state, psi = %lld: %s = %.0f bytes per rank\n", static_cast<long long>(psi),
               name.c_str(), formula);
   std::printf(
@@ -544,6 +557,11 @@ int run_sharded(Options o, examples::FashionMnist data, tmem::dist::Communicator
   const auto run_start = Clock::now();
   apply_defaults(o);
   const bool lead = comm.rank() == 0;
+  tmem::require(o.zero != 3 || o.settings.checkpoint.kind == examples::CheckpointSchedule::Kind::None ||
+                    o.settings.checkpoint.kind == examples::CheckpointSchedule::Kind::Selective,
+                "--zero 3 runs each stage as a unit, with a checkpoint region inside it: --checkpoint none or "
+                "selective, not ",
+                examples::name_of(o.settings.checkpoint));
   tmem::require(o.batch % comm.size() == 0, "--zero: the batch ", o.batch, " must divide by the ", comm.size(),
                 " ranks (each rank takes an equal slice, so the mean of their losses is the batch's)");
   auto [train, test] = normalised(o, std::move(data));
@@ -568,7 +586,8 @@ int run_sharded(Options o, examples::FashionMnist data, tmem::dist::Communicator
   Model model = make_model<Model>(o);
   std::int64_t parameter_count = 0;
   for (const auto& p : model.parameters()) parameter_count += p.numel();
-  examples::ShardedStep<B> sharded(comm, model.parameters(), o.zero, examples::dtype_of(o.settings.precision),
+  const std::string description = model.describe();  // before ZeRO-3 releases the weights it reads
+  examples::ShardedStep<B> sharded(comm, model.stage_parameters(), o.zero, examples::dtype_of(o.settings.precision),
                                    {.lr = o.lr, .weight_decay = o.weight_decay});
   tmem::Tape<B> tape;
   tape.manual_seed(o.seed + static_cast<std::uint64_t>(comm.rank()));  // each rank its own dropout masks
@@ -577,7 +596,7 @@ int run_sharded(Options o, examples::FashionMnist data, tmem::dist::Communicator
   threads = omp_get_max_threads();
 #endif
   if (lead) {
-    std::printf("fashion_mnist: %s (%lld parameters), ZeRO-%d on %d ranks\n", model.describe().c_str(),
+    std::printf("fashion_mnist: %s (%lld parameters), ZeRO-%d on %d ranks\n", description.c_str(),
                 static_cast<long long>(parameter_count), o.zero, comm.size());
     std::printf(
         "  %s; AdamW lr %g (warm-up, cosine), weight decay %g; global batch %lld (%lld per rank), %d epochs, %lld "
@@ -597,7 +616,7 @@ int run_sharded(Options o, examples::FashionMnist data, tmem::dist::Communicator
   for (int epoch = 1; epoch <= o.epochs; ++epoch) {
     const auto epoch_start = Clock::now();
     std::shuffle(order.begin(), order.end(), shuffle_rng);
-    const auto stages = model.stages(true);
+    const auto stages = sharded.wrap(model.stages(true), selective_inside_units(o));
     if (lead) progress.start_epoch(epoch, o.epochs, steps_per_epoch);
     for (std::int64_t step = 0; step < steps_per_epoch; ++step) {
       // Every rank gathers the whole global batch, so the flips draw as in one process.
@@ -608,16 +627,21 @@ int run_sharded(Options o, examples::FashionMnist data, tmem::dist::Communicator
       keep_rank_slice(images, labels, comm.rank(), comm.size());
       sharded.set_lr(schedule.lr((epoch - 1) * steps_per_epoch + step));
       const tmem::amp::StepReport<B> report =
-          sharded_classifier_step(tape, model, stages, images, labels, o.settings.checkpoint, sharded);
+          sharded_classifier_step(tape, model, stages, images, labels, schedule_of(o), sharded);
       if (lead) progress.update(step + 1, n, report.loss_value(), sharded.status());
     }
     train_seconds += std::chrono::duration<double>(Clock::now() - epoch_start).count();
-    if (!lead) continue;  // every rank holds the same weights: rank 0 alone evaluates
-    accuracy = test_accuracy(tape, model, test);
-    char summary[160];
-    std::snprintf(summary, sizeof summary, "mean loss %.4f (rank 0), test accuracy %s, %.1f s", progress.mean_loss(),
-                  percent(accuracy).c_str(), std::chrono::duration<double>(Clock::now() - epoch_start).count());
-    progress.finish_epoch(summary);
+    // Every rank holds the same weights: rank 0 alone evaluates (under ZeRO-3 once every
+    // rank has gathered every unit, a collective).
+    sharded.gather_all();
+    if (lead) {
+      accuracy = test_accuracy(tape, model, test);
+      char summary[160];
+      std::snprintf(summary, sizeof summary, "mean loss %.4f (rank 0), test accuracy %s, %.1f s", progress.mean_loss(),
+                    percent(accuracy).c_str(), std::chrono::duration<double>(Clock::now() - epoch_start).count());
+      progress.finish_epoch(summary);
+    }
+    sharded.release_all();
   }
   comm.barrier();
   if (lead) {
@@ -698,8 +722,9 @@ int main(int argc, char** argv) {
       ->group("Model shape");
   app.add_option("--zero", o.zero,
                  "data-parallel under mpirun, each rank on its slice of every batch: 0 (gradients averaged), 1 "
-                 "(masters and AdamW moments sharded) or 2 (gradients too); absent: one process")
-      ->check(CLI::Range(0, 2))
+                 "(masters and AdamW moments sharded), 2 (gradients too) or 3 (weights too, a unit per stage); "
+                 "absent: one process")
+      ->check(CLI::Range(0, 3))
       ->default_str("");
   CLI11_PARSE(app, argc, argv);
 

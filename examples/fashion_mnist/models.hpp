@@ -68,6 +68,12 @@ class MlpClassifier {
       for (auto& v : l->parameters()) p.push_back(v);
     return p;
   }
+  /// The parameters of each stage, in stage order (ZeRO-3's units).
+  std::vector<std::vector<tmem::Var<B>>> stage_parameters() const {
+    std::vector<std::vector<tmem::Var<B>>> units;
+    for (const auto& l : layers_) units.push_back(l->parameters());
+    return units;
+  }
 
   std::string describe() const {
     std::string text = "mlp 784";
@@ -134,6 +140,20 @@ class ResMlpClassifier {
     for (auto& v : final_ln_->parameters()) p.push_back(v);
     for (auto& v : head_->parameters()) p.push_back(v);
     return p;
+  }
+  /// The parameters of each stage, in stage order (ZeRO-3's units).
+  std::vector<std::vector<tmem::Var<B>>> stage_parameters() const {
+    std::vector<std::vector<tmem::Var<B>>> units{stem_->parameters()};
+    for (std::size_t i = 0; i < up_.size(); ++i) {
+      std::vector<tmem::Var<B>> u = norm_[i]->parameters();
+      for (auto& v : up_[i]->parameters()) u.push_back(v);
+      for (auto& v : down_[i]->parameters()) u.push_back(v);
+      units.push_back(u);
+    }
+    std::vector<tmem::Var<B>> last = final_ln_->parameters();
+    for (auto& v : head_->parameters()) last.push_back(v);
+    units.push_back(last);
+    return units;
   }
 
   std::string describe() const {
@@ -218,6 +238,17 @@ class VitClassifier {
     for (auto& v : final_ln_->parameters()) p.push_back(v);
     for (auto& v : head_->parameters()) p.push_back(v);
     return p;
+  }
+  /// The parameters of each stage, in stage order (ZeRO-3's units).
+  std::vector<std::vector<tmem::Var<B>>> stage_parameters() const {
+    std::vector<tmem::Var<B>> first = patch_embed_->parameters();
+    first.push_back(position_);
+    std::vector<std::vector<tmem::Var<B>>> units{first};
+    for (const auto& b : blocks_) units.push_back(b->parameters());
+    std::vector<tmem::Var<B>> last = final_ln_->parameters();
+    for (auto& v : head_->parameters()) last.push_back(v);
+    units.push_back(last);
+    return units;
   }
 
   std::string describe() const {

@@ -7,7 +7,10 @@
 //      of the model state;
 //   1  dist::ZeroOptimizer: the gradients are averaged, each rank keeps f32 masters and
 //      AdamW moments of its shard only and all-gathers the updated 16-bit weights;
-//   2  as 1, and each rank keeps only its shard of the averaged gradient.
+//   2  as 1, and each rank keeps only its shard of the averaged gradient;
+//   3  dist::FullyShardedModel: the weights are sharded too, each stage of the model a unit
+//      gathered for its forward and its backward (wrap() makes the stages do that), each
+//      rank's gradient shard reduce-scattered during backward.
 // The communicator is the abstract one: under mpirun it is MPI's, and nothing here
 // needs MPI itself. The loss scaler (f16) is one per rank; ZeroOptimizer makes the
 // ranks agree on skipping, and under stage 0 the averaged gradients are the same on
@@ -22,6 +25,7 @@
 
 #include "common/training.hpp"
 #include "trainmem/distributed/data_parallel.hpp"
+#include "trainmem/distributed/fully_sharded.hpp"
 #include "trainmem/distributed/zero.hpp"
 #include "trainmem/trainmem.hpp"
 
@@ -31,14 +35,20 @@ namespace examples {
 template <class B>
 class ShardedStep {
  public:
-  /// A collective. `params` are the model's f32 parameters; under bf16 / f16 they become
-  /// 16-bit (stage 0: amp::TrainStep's masters; 1 and 2: ZeroOptimizer's flat buffer).
-  ShardedStep(trainmem::dist::Communicator<B>& comm, const std::vector<trainmem::Var<B>>& params, int stage,
+  /// A collective. `units` are the model's f32 parameters, stage by stage; under bf16 / f16
+  /// they become 16-bit (stage 0: amp::TrainStep's masters; 1 and 2: ZeroOptimizer's flat
+  /// buffer; 3: FullyShardedModel's shards).
+  ShardedStep(trainmem::dist::Communicator<B>& comm, const std::vector<std::vector<trainmem::Var<B>>>& units, int stage,
               trainmem::DType precision, trainmem::optim::AdamWOptions adamw)
       : stage_(stage), precision_(precision), scaler_(precision, {}) {
     namespace tmem = trainmem;
-    tmem::require(stage >= 0 && stage <= 2, "--zero must be 0, 1 or 2, got ", stage);
-    if (stage == 0) {
+    tmem::require(stage >= 0 && stage <= 3, "--zero must be 0, 1, 2 or 3, got ", stage);
+    std::vector<tmem::Var<B>> params;
+    for (const auto& unit : units) params.insert(params.end(), unit.begin(), unit.end());
+    if (stage == 3) {
+      sharded_ = std::make_unique<tmem::dist::FullyShardedModel<B>>(
+          comm, units, tmem::dist::FullyShardedOptions{.model_dtype = precision}, adamw);
+    } else if (stage == 0) {
       adamw_ = std::make_unique<tmem::optim::AdamW<B>>(params, adamw);
       train_ = std::make_unique<tmem::amp::TrainStep<B>>(*adamw_, tmem::amp::TrainStepOptions{.precision = precision});
       sync_ = std::make_unique<tmem::dist::DataParallel<B>>(comm, params);
@@ -51,7 +61,41 @@ class ShardedStep {
   /// Sets the learning rate of the next steps.
   void set_lr(double lr) {
     if (adamw_) adamw_->options().lr = lr;
+    else if (sharded_) sharded_->shard_optimizer().options().lr = lr;
     else zero_->shard_optimizer().options().lr = lr;
+  }
+
+  /// The stages as this step runs them: under ZeRO-3 each runs as its unit (gathered for its
+  /// forward and backward), as a checkpoint region keeping matmul outputs inside the unit
+  /// when `selective`; otherwise the stages themselves.
+  std::vector<Stage<B>> wrap(const std::vector<Stage<B>>& stages, bool selective) {
+    if (!sharded_) return stages;
+    std::vector<Stage<B>> out;
+    for (std::size_t u = 0; u < stages.size(); ++u) {
+      out.push_back([this, u, stage = stages[u], selective](const trainmem::Var<B>& x) {
+        trainmem::Tape<B>& tape = *x.tape();
+        return sharded_->forward(
+            tape, u,
+            [&](const trainmem::Var<B>& in) {
+              if (!selective) return stage(in);
+              trainmem::CheckpointOptions options;
+              options.policy = trainmem::policy::save_matmuls();
+              return trainmem::checkpoint(tape, options, stage, in);
+            },
+            x);
+      });
+    }
+    return out;
+  }
+  /// ZeRO-3: gathers every unit (a collective), so the model can be evaluated as it is; and
+  /// releases them again. Nothing for the other stages, whose ranks hold every weight.
+  void gather_all() {
+    if (sharded_)
+      for (std::size_t u = 0; u < sharded_->units(); ++u) sharded_->gather(u);
+  }
+  void release_all() {
+    if (sharded_)
+      for (std::size_t u = 0; u < sharded_->units(); ++u) sharded_->release(u);
   }
 
   /// Forward (`forward` returns this rank's mean loss) under the precision's autocast,
@@ -79,12 +123,14 @@ class ShardedStep {
       report.loss = loss.value();
       backend.memory().mark("backward");
       scaler_.scale(loss).backward();
-      zero_->reduce_gradients();
+      if (sharded_) sharded_->micro_batch_done();
+      else zero_->reduce_gradients();
       model_state_after_reduce_ = model_state_bytes(backend.memory());
       backend.memory().mark("optimizer");
-      report.stepped = zero_->step(scaler_);
+      report.stepped = sharded_ ? sharded_->step(scaler_) : zero_->step(scaler_);
       scaler_.update();
-      zero_->zero_grad();
+      if (sharded_) sharded_->zero_grad();
+      else zero_->zero_grad();
     }
     skipped_ += report.stepped ? 0 : 1;
     return report;
@@ -117,6 +163,7 @@ class ShardedStep {
   std::unique_ptr<trainmem::amp::TrainStep<B>> train_;
   std::unique_ptr<trainmem::dist::DataParallel<B>> sync_;
   std::unique_ptr<trainmem::dist::ZeroOptimizer<B>> zero_;
+  std::unique_ptr<trainmem::dist::FullyShardedModel<B>> sharded_;
   std::int64_t skipped_ = 0;
   std::int64_t model_state_after_reduce_ = 0;
 };

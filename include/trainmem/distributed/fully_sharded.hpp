@@ -18,7 +18,9 @@
 // units before it. A parameter's grad-ready hook hands its gradient to the unit's
 // GradBuckets (dist/grad_buckets.hpp), which widen it into f32 buckets and reduce-scatter
 // them into this rank's gradient shard while backward goes on, freeing the full gradient;
-// once every parameter of the unit has its gradient, the unit's weights are released.
+// once every parameter of the unit has its gradient, the unit's weights are released and
+// the reductions of the unit that finished before it are waited for, so at most two units'
+// f32 buckets are alive at once.
 // Gathered weights are MemCategory::Workspace: they are no model state, and at most
 // 1 + prefetch_depth units of them are live at once (gathered_peak() says how many bytes).
 //
@@ -249,10 +251,12 @@ class FullyShardedModel {
     NoGradGuard no_grad;
     for (std::size_t u = units_.size(); u-- > 0;) {
       Unit& unit = *units_[u];
-      if (unit.buckets->finish(divisor())) incomplete_ = true;
+      finish_reduction(unit);
       unit.ready = 0;
+      unit.reduced = false;
       release(unit);
     }
+    unfinished_ = units_.size();
     if (++micro_batches_ < options_.accumulation_steps) return false;
     micro_batches_ = 0;
     for (std::size_t i = 0; i < segment_at_.size(); ++i) {
@@ -440,6 +444,7 @@ class FullyShardedModel {
     std::unique_ptr<UnitHook> hook;
     std::shared_ptr<GatheredViews> unpacker;  // of the latest forward
     std::size_t ready = 0;                    // parameters whose gradient this backward made final
+    bool reduced = false;                     // its reduce-scatters were waited for in this micro-batch
   };
 
   static constexpr OpInfo kBoundaryOp{"fully_sharded_unit", OpKind::Shape, AutocastCategory::Unchanged};
@@ -526,8 +531,21 @@ class FullyShardedModel {
     Unit& unit = *units_[u];
     scaled_ = scaled_ || unit.params[i].grad_scaled();
     unit.buckets->ready(i, divisor());
-    if (++unit.ready == unit.params.size()) release(unit);
+    if (++unit.ready == unit.params.size()) {
+      release(unit);
+      // The unit before it in backward has had this unit's backward to reduce: waiting for
+      // it now keeps at most two units' f32 buckets alive, not every unit's.
+      if (unfinished_ < units_.size()) finish_reduction(*units_[unfinished_]);
+      unfinished_ = u;
+    }
     progress();
+  }
+  /// Waits for unit's reduce-scatters (a collective: all ranks reach it at the same point of
+  /// backward), once a micro-batch.
+  void finish_reduction(Unit& unit) {
+    if (unit.reduced) return;
+    if (unit.buckets->finish(divisor())) incomplete_ = true;
+    unit.reduced = true;
   }
 
   Communicator<B>* comm_;
@@ -540,6 +558,7 @@ class FullyShardedModel {
   std::int64_t gathered_live_ = 0, gathered_peak_ = 0, gathers_ = 0;
   std::int64_t micro_batches_ = 0;
   bool scaled_ = false, incomplete_ = false;
+  std::size_t unfinished_ = SIZE_MAX;  // the unit whose gradients were final last, not yet waited for
 };
 
 }  // namespace trainmem::dist
