@@ -50,8 +50,17 @@
 // global norm agreed over the ranks, a skipped step bitwise unchanged on every rank; it
 // needs no all-gather afterwards, since the next forward gathers the updated shards.
 //
-// Between units a parameter's value is undefined (its bytes are released); full_weights()
-// gathers every unit for inspection, save_shard/load_shard (state/) save a rank's shard.
+// Between units a parameter's value is undefined (its bytes are released). gather(u) makes
+// unit u whole until release(u) (to evaluate; gathered before the model is destroyed, the
+// parameters keep those values), full_weights() copies every unit to the host, and
+// state() / load_state() save and resume this rank's shard through state/.
+//
+// Limits: each parameter belongs to one unit and is used by that unit's fn only; every op
+// of a unit depends on the unit's input (an op that does not runs its backward after the
+// unit's release, and a saved weight it unpacks is an Error naming the unit). Unlike
+// DataParallel (NOTE [A rank whose backward failed] in dist/grad_buckets.hpp), recovering
+// from a backward that failed part way is not supported (a unit's full gradients are freed
+// as they are reduced, and their marks with them): under mpi::run a throwing rank ends the job.
 #pragma once
 
 #include <algorithm>
