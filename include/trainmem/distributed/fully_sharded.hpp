@@ -178,7 +178,8 @@ class FullyShardedModel {
                                                  std::to_string(piece.param_offset + piece.count) + "]"));
       });
     }
-    if (masters) {  // every rank holds rank 0's values: all throw alike
+    if (masters) {  // a value beyond the model dtype's range: only the rank whose shard holds it throws
+
       amp::check_narrowed_finite(std::vector<Tensor<B>>{masters_}, std::vector<Tensor<B>>{weights_},
                                  std::vector<std::string>{"the shard"}, "dist::FullyShardedModel");
     }
