@@ -179,7 +179,6 @@ class FullyShardedModel {
       });
     }
     if (masters) {  // a value beyond the model dtype's range: only the rank whose shard holds it throws
-
       amp::check_narrowed_finite(std::vector<Tensor<B>>{masters_}, std::vector<Tensor<B>>{weights_},
                                  std::vector<std::string>{"the shard"}, "dist::FullyShardedModel");
     }
