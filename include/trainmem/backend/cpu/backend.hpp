@@ -340,10 +340,13 @@ class Backend : public FusedUpdate<Backend> {
   /// Element-wise maps take floating dtypes only (in any mix).
   template <class... Ts>
   static void expect_floating_map(const Ts&... tensors) {
-    (detail::check(is_floating(tensors.dtype()), "map: expected a floating dtype, got ", tensors.dtype()), ...);
+    ((detail::check(is_floating(tensors.dtype()), "map: expected a floating dtype, got ", tensors.dtype()),
+      detail::check_not_fp8(tensors.dtype(), "map")),
+     ...);
   }
   /// The ops give A and B their compute dtype, and f64 only meets f64.
   static void expect_gemm_dtypes(const TensorT& a, const TensorT& b, const TensorT& c) {
+    for (const TensorT* t : {&a, &b, &c}) detail::check_not_fp8(t->dtype(), "gemm (gemm_fp8 multiplies FP8)");
     detail::expects(a.dtype() == b.dtype() && (a.dtype() == DType::F64) == (c.dtype() == DType::F64),
                     "gemm: A and B of one floating dtype, f64 only with f64");
   }

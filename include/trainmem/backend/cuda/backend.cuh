@@ -445,6 +445,9 @@ class Backend : public FusedUpdate<Backend> {
 
   /// The ops give A and B their compute dtype, and f64 only meets f64.
   static void expect_gemm_dtypes(const TensorT& a, const TensorT& b, const TensorT& c) {
+    detail::check_not_fp8(a.dtype(), "gemm (gemm_fp8 multiplies FP8)");
+    detail::check_not_fp8(b.dtype(), "gemm (gemm_fp8 multiplies FP8)");
+    detail::check_not_fp8(c.dtype(), "gemm (gemm_fp8 multiplies FP8)");
     detail::expects(a.dtype() == b.dtype() && is_floating(a.dtype()) && is_floating(c.dtype()) &&
                         (a.dtype() == DType::F64) == (c.dtype() == DType::F64),
                     "gemm: A and B of one floating dtype, f64 only with f64");

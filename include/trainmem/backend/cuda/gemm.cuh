@@ -50,6 +50,8 @@ inline cudaDataType_t cuda_data_type(DType dtype) {
     case DType::F16: return CUDA_R_16F;
     case DType::BF16: return CUDA_R_16BF;
     case DType::I32: return CUDA_R_32I;
+    case DType::F8E4M3: return CUDA_R_8F_E4M3;
+    case DType::F8E5M2: return CUDA_R_8F_E5M2;
   }
   return CUDA_R_32F;
 }
