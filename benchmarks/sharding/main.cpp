@@ -70,6 +70,10 @@ struct Measured {
 
 Measured run(tmem::dist::Communicator<B>& comm, const Settings& s, int stage, bool overlap, double& psi) {
   tmem::MemoryStats& stats = B::default_instance().memory();
+  // The cast cache's copies count as parameters, and those of the configuration before this
+  // one (their sources gone) are dropped only by the next lookup, inside this run: clear them
+  // before the baseline, or this run's parameter row reads them as freed.
+  tmem::amp::CastCache<B>::instance().clear();
   std::array<std::int64_t, 4> base{};
   for (std::size_t c = 0; c < 4; ++c) base[c] = stats.live(kCategories[c]);
   tmem::nn::Init init(11);
