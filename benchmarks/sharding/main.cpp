@@ -11,9 +11,11 @@
 // live bytes per category from MemoryStats; rank 0 prints them with the formula of each
 // category (weights 2Ψ; gradients 2Ψ or 2Ψ/N; masters 4Ψ or 4Ψ/N; moments 8Ψ or 8Ψ/N)
 // and the median step time per rank. Bytes beyond the formulas are the optimizer's
-// per-tensor step scalars (16 bytes per parameter or shard segment, a few more per optimizer) and
-// ceil(Ψ/N) rounding. Each stage runs twice: buckets sent during backward (the default)
-// and after it; the second table gives each way's peak gradient bytes within a step
+// per-tensor step scalars (16 bytes per parameter or shard segment, a few more per optimizer),
+// ceil(Ψ/N) rounding and, in the weight row, the cast cache's f32 copies of the LayerNorm
+// weights (4 × dim × 4 bytes a block; ZeRO-3: one unit's, the others' dropped with their
+// gathered sources; the cache is cleared before each configuration's baseline). Each stage runs twice: buckets sent
+// during backward (the default) and after it; the second table gives each way's peak gradient bytes within a step
 // (ZeRO-2 frees a full gradient once its buckets are reduced, so sending during
 // backward lowers it) and median step time. Ranks share this machine's cores, so with
 // more ranks than cores the times measure correctness and memory, not speed.
