@@ -227,12 +227,20 @@ int run_sharded(const ShardedRun& r, const ModelConfig& config, const CharText& 
     }
   }
   const double train_seconds = std::chrono::duration<double>(Clock::now() - run_start).count();
+  // 16-bit: 2-byte weights and gradients, 12 bytes of f32 master and moments; f32: 4-byte
+  // weights and gradients, 8 bytes of moments and no masters.
+  const bool half = tmem::is_16bit(examples::dtype_of(r.settings.precision));
+  const double p = static_cast<double>(parameter_count), n = comm.size();
+  const double w = half ? 2 : 4, g = half ? 2 : 4, state = half ? 12 : 8;
+  const double formula = r.zero == 0   ? (w + g + state) * p
+                         : r.zero == 1 ? (w + g) * p + state * p / n
+                         : r.zero == 2 ? w * p + (g + state) * p / n
+                                       : (w + g + state) * p / n;
   for (int rank = 0; rank < comm.size(); ++rank) {  // in rank order
     comm.barrier();
     if (rank == comm.rank()) {
-      std::printf("rank %d: model state after the last reduction %lld B (16 psi / N = %.0f B under bf16 / fp16)\n",
-                  rank, static_cast<long long>(sharded.model_state_after_reduce()),
-                  16.0 * static_cast<double>(parameter_count) / comm.size());
+      std::printf("rank %d: model state after the last reduction %lld B (ZeRO-%d formula %.0f B)\n", rank,
+                  static_cast<long long>(sharded.model_state_after_reduce()), r.zero, formula);
       std::fflush(stdout);
     }
   }
