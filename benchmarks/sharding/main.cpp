@@ -11,9 +11,11 @@
 // live bytes per category from MemoryStats; rank 0 prints them with the formula of each
 // category (weights 2Ψ; gradients 2Ψ or 2Ψ/N; masters 4Ψ or 4Ψ/N; moments 8Ψ or 8Ψ/N)
 // and the median step time per rank. Bytes beyond the formulas are the optimizer's
-// per-tensor step scalars (16 bytes per parameter or shard segment, a few more per optimizer) and
-// ceil(Ψ/N) rounding. Each stage runs twice: buckets sent during backward (the default)
-// and after it; the second table gives each way's peak gradient bytes within a step
+// per-tensor step scalars (16 bytes per parameter or shard segment, a few more per optimizer),
+// ceil(Ψ/N) rounding and, in the weight row, the cast cache's f32 copies of the LayerNorm
+// weights (4 × dim × 4 bytes a block; ZeRO-3: one unit's, the others' dropped with their
+// gathered sources; the cache is cleared before each configuration's baseline). Each stage runs twice: buckets sent
+// during backward (the default) and after it; the second table gives each way's peak gradient bytes within a step
 // (ZeRO-2 frees a full gradient once its buckets are reduced, so sending during
 // backward lowers it) and median step time. Ranks share this machine's cores, so with
 // more ranks than cores the times measure correctness and memory, not speed.
@@ -70,6 +72,10 @@ struct Measured {
 
 Measured run(tmem::dist::Communicator<B>& comm, const Settings& s, int stage, bool overlap, double& psi) {
   tmem::MemoryStats& stats = B::default_instance().memory();
+  // The cast cache's copies count as parameters, and those of the configuration before this
+  // one (their sources gone) are dropped only by the next lookup, inside this run: clear them
+  // before the baseline, or this run's parameter row reads them as freed.
+  tmem::amp::CastCache<B>::instance().clear();
   std::array<std::int64_t, 4> base{};
   for (std::size_t c = 0; c < 4; ++c) base[c] = stats.live(kCategories[c]);
   tmem::nn::Init init(11);

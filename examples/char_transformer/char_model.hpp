@@ -120,6 +120,17 @@ class CharTransformer {
     for (auto& v : head_->parameters()) p.push_back(v);
     return p;
   }
+  /// The parameters stage by stage, the embeddings first (the units of a ZeRO-3 run:
+  /// embeddings, each block, the final LayerNorm with the head).
+  std::vector<std::vector<tmem::Var<B>>> stage_parameters() const {
+    std::vector<std::vector<tmem::Var<B>>> units{tokens_->parameters()};
+    for (auto& v : positions_->parameters()) units.front().push_back(v);
+    for (const auto& b : blocks_) units.push_back(b->parameters());
+    std::vector<tmem::Var<B>> last = final_ln_->parameters();
+    for (auto& v : head_->parameters()) last.push_back(v);
+    units.push_back(last);
+    return units;
+  }
   const ModelConfig& config() const { return config_; }
 
  private:

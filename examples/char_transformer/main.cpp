@@ -13,6 +13,13 @@
 //
 //   char_transformer                                  # GPL-3, under a minute on 2 cores
 //   char_transformer --text book.txt --steps 2000 --temperature 0.8
+//   mpirun -np 2 char_transformer --zero 3 --precision bf16   # two ranks, ZeRO-3
+//
+// Built with MPI, `--zero 0|1|2|3` under mpirun trains data-parallel
+// (examples/fashion_mnist/sharded_step.hpp): every rank draws the same windows and trains on
+// its slice of them; under ZeRO-3 the embeddings, each block and the final LayerNorm with the
+// head are the units. Rank 0 prints its loss, the held-out loss and the sample (every rank
+// gathers the units for them), and each rank its model-state bytes after its last reduction.
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <array>
@@ -33,7 +40,11 @@
 #include "common/memory_report.hpp"
 #include "common/settings.hpp"
 #include "common/training.hpp"
+#include "fashion_mnist/sharded_step.hpp"
 #include "trainmem/trainmem.hpp"
+#ifdef TRAINMEM_WITH_MPI
+#include "trainmem/distributed/mpi.hpp"
+#endif
 
 namespace {
 
@@ -133,6 +144,120 @@ std::string generate(tmem::Tape<B>& tape, const CharTransformer& model, const Ch
   return out;
 }
 
+/// What a data-parallel run (--zero) needs besides the model's shape.
+struct ShardedRun {
+  int zero = -1;
+  std::int64_t steps = 0, batch = 0, log_every = 0, sample_chars = 0;
+  double lr = 0, weight_decay = 0, temperature = 0;
+  std::uint64_t seed = 0;
+  std::string prompt;
+  examples::MemorySettings settings;
+};
+
+/// Trains on this rank's slice of every batch under ZeRO-`r.zero`, the model's stages (the
+/// embedding first) each a ZeRO-3 unit.
+int run_sharded(const ShardedRun& r, const ModelConfig& config, const CharText& text, std::int64_t split,
+                tmem::dist::Communicator<B>& comm) {
+  const bool lead = comm.rank() == 0;
+  tmem::require(r.batch % comm.size() == 0, "--zero: --batch ", r.batch, " must divide by the ", comm.size(), " ranks");
+  tmem::require(r.settings.checkpoint.kind == examples::CheckpointSchedule::Kind::None ||
+                    (r.zero == 3 && r.settings.checkpoint.kind == examples::CheckpointSchedule::Kind::Selective),
+                "--zero runs the stages one after the other: --checkpoint none, or under --zero 3 selective (a "
+                "region inside each unit)");
+  const bool selective = r.settings.checkpoint.kind == examples::CheckpointSchedule::Kind::Selective;
+  const auto run_start = Clock::now();
+  CharTransformer model(config, text.vocabulary(), r.seed, tmem::DType::F32);
+  std::int64_t parameter_count = 0;
+  for (const auto& p : model.parameters()) parameter_count += p.numel();
+  examples::ShardedStep<B> sharded(comm, model.stage_parameters(), r.zero, examples::dtype_of(r.settings.precision),
+                                   {.lr = r.lr, .weight_decay = r.weight_decay});
+  tmem::Tape<B> tape;
+  tape.manual_seed(r.seed);
+  // Stage 0 embeds the ids (the unit's input); then the blocks and the head.
+  std::vector<Stage<B>> stages{[&model](const tmem::Var<B>& ids) { return model.embed(*ids.tape(), ids.value()); }};
+  for (const Stage<B>& s : model.stages(true)) stages.push_back(s);
+  const std::vector<Stage<B>> wrapped = sharded.wrap(stages, selective);
+  if (lead) {
+    std::printf(
+        "char_transformer: ZeRO-%d on %d ranks, %lld parameters, dim %lld, %lld blocks, %lld heads, context "
+        "%lld; %s\n",
+        r.zero, comm.size(), static_cast<long long>(parameter_count), static_cast<long long>(config.dim),
+        static_cast<long long>(config.depth), static_cast<long long>(config.heads),
+        static_cast<long long>(config.context), r.settings.str().c_str());
+    std::printf(
+        "  %lld steps of %lld windows (%lld per rank), AdamW lr %g (warm-up, cosine), weight decay %g, seed "
+        "%llu\n",
+        static_cast<long long>(r.steps), static_cast<long long>(r.batch), static_cast<long long>(r.batch / comm.size()),
+        r.lr, r.weight_decay, static_cast<unsigned long long>(r.seed));
+    std::fflush(stdout);
+  }
+  const tmem::optim::LrSchedule schedule = examples::lr_schedule(r.lr, r.steps);
+  std::mt19937_64 rng(r.seed), held_out_rng(r.seed + 1);
+  const std::vector<std::int64_t> held_out =
+      random_starts(held_out_rng, 4 * r.batch, split, text.size(), config.context);
+  double loss_sum = 0.0, held = 0.0;
+  std::int64_t loss_count = 0;
+  for (std::int64_t step = 0; step < r.steps; ++step) {
+    // Every rank draws the global batch, then keeps its slice of it.
+    std::vector<std::int64_t> starts = random_starts(rng, r.batch, 0, split, config.context);
+    const std::int64_t per_rank = r.batch / comm.size();
+    starts = std::vector<std::int64_t>(starts.begin() + comm.rank() * per_rank,
+                                       starts.begin() + (comm.rank() + 1) * per_rank);
+    const Batch b = make_batch(text.ids(), starts, config.context);
+    sharded.set_lr(schedule.lr(step));
+    const tmem::amp::StepReport<B> report = sharded.run([&] {
+      tmem::Var<B> h = tape.input(b.inputs);
+      for (const Stage<B>& s : wrapped) h = s(h);
+      return tmem::cross_entropy(h, b.targets);
+    });
+    tape.clear();
+    loss_sum += report.loss_value();
+    ++loss_count;
+    if ((step + 1) % r.log_every == 0 || step + 1 == r.steps) {
+      sharded.gather_all();  // a collective: every rank, so rank 0 evaluates the whole model
+      if (lead) {
+        held = held_out_loss(tape, model, text.ids(), held_out, r.batch);
+        std::printf("step %5lld  train loss %.4f (rank 0)  held-out loss %.4f  %s\n", static_cast<long long>(step + 1),
+                    loss_sum / static_cast<double>(loss_count), held, sharded.status().c_str());
+        std::fflush(stdout);
+      }
+      sharded.release_all();
+      loss_sum = 0.0;
+      loss_count = 0;
+    }
+  }
+  const double train_seconds = std::chrono::duration<double>(Clock::now() - run_start).count();
+  // 16-bit: 2-byte weights and gradients, 12 bytes of f32 master and moments; f32: 4-byte
+  // weights and gradients, 8 bytes of moments and no masters.
+  const bool half = tmem::is_16bit(examples::dtype_of(r.settings.precision));
+  const double p = static_cast<double>(parameter_count), n = comm.size();
+  const double w = half ? 2 : 4, g = half ? 2 : 4, state = half ? 12 : 8;
+  const double formula = r.zero == 0   ? (w + g + state) * p
+                         : r.zero == 1 ? (w + g) * p + state * p / n
+                         : r.zero == 2 ? w * p + (g + state) * p / n
+                                       : (w + g + state) * p / n;
+  for (int rank = 0; rank < comm.size(); ++rank) {  // in rank order
+    comm.barrier();
+    if (rank == comm.rank()) {
+      std::printf("rank %d: model state after the last reduction %lld B (ZeRO-%d formula %.0f B)\n", rank,
+                  static_cast<long long>(sharded.model_state_after_reduce()), r.zero, formula);
+      std::fflush(stdout);
+    }
+  }
+  comm.barrier();
+  sharded.gather_all();
+  if (lead) {
+    std::mt19937_64 sample_rng(r.seed);
+    const std::string sample = generate(tape, model, text, r.prompt, r.sample_chars, r.temperature, sample_rng);
+    std::printf("\nsample (temperature %g, seed %llu):\n%s%s\n", r.temperature, static_cast<unsigned long long>(r.seed),
+                r.prompt.c_str(), sample.c_str());
+    std::printf("\nheld-out loss %.4f after %lld steps (ZeRO-%d, %d ranks); training %.1f s\n", held,
+                static_cast<long long>(r.steps), r.zero, comm.size(), train_seconds);
+  }
+  sharded.release_all();
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -162,6 +287,13 @@ int main(int argc, char** argv) {
   app.add_option("--sample-chars", sample_chars, "characters to generate at the end")->check(examples::kNonNegative);
   app.add_option("--temperature", temperature, "sampling temperature; 0 picks the likeliest character")
       ->check(examples::kNonNegative);
+  int zero = -1;
+  app.add_option("--zero", zero,
+                 "data-parallel under mpirun, each rank on its slice of every batch: 0 (gradients averaged), 1 "
+                 "(masters and AdamW moments sharded), 2 (gradients too) or 3 (weights too, a unit per stage); "
+                 "absent: one process")
+      ->check(CLI::Range(0, 3))
+      ->default_str("");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -177,6 +309,31 @@ int main(int argc, char** argv) {
     tmem::require(split - config.context - 1 > 0 && text.size() - split - config.context - 1 > 0, "text file ",
                   text_path.string(), ": ", text.size(), " characters is too short for windows of ", config.context,
                   " (need more than ", 10 * (config.context + 1), ")");
+
+    if (zero >= 0) {
+#ifdef TRAINMEM_WITH_MPI
+      const ShardedRun r{.zero = zero,
+                         .steps = steps,
+                         .batch = batch,
+                         .log_every = log_every,
+                         .sample_chars = sample_chars,
+                         .lr = lr,
+                         .weight_decay = weight_decay,
+                         .temperature = temperature,
+                         .seed = seed,
+                         .prompt = prompt,
+                         .settings = settings};
+      tmem::dist::mpi::Environment environment(&argc, &argv);
+      return tmem::dist::mpi::run([&] {
+        tmem::dist::mpi::Communicator comm;
+        return run_sharded(r, config, text, split, comm);
+      });
+#else
+      throw trainmem::Error(
+          "--zero needs MPI: this char_transformer was built without it (configure with an MPI found, "
+          "-DTRAINMEM_MPI=ON)");
+#endif
+    }
 
     // The plain F32 step of the same model, measured first (while no other model is alive)
     // so the memory table can put the chosen settings next to it.
