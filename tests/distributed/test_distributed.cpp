@@ -371,3 +371,23 @@ TEST_CASE("dist: ZeRO-3 refuses an autocast dtype other than the model's, an unk
                            tape, 0, [&](const Var<B>& in) { return net.fc1(in); }, x),
                        Error, ErrorContains("autocast to bf16 over a f32 model"));
 }
+
+TEST_CASE("dist: ZeRO-3 frees the f32 copies a norm reads of a unit's 16-bit weights when it releases the unit",
+          "[dist]") {
+  nn::LayerNorm<B> norm({.dim = 8, .dtype = DType::BF16});
+  dist::SingleProcess<B> one;
+  dist::FullyShardedModel<B> model(one, {norm.parameters()}, {.model_dtype = DType::BF16}, adamw_options());
+  amp::CastCache<B>::instance().clear();
+  MemoryStats& memory = B::default_instance().memory();
+  const std::int64_t parameters_before = memory.live(MemCategory::Parameter);
+  Tape<B> tape;
+  amp::Autocast bf16(DType::BF16);
+  const Var<B> y = model.forward(
+      tape, 0, [&](const Var<B>& in) { return norm(in); }, tape.input(Tensor<B>::full(Shape{4, 8}, 0.5, DType::F32)));
+  // An f32 input: LayerNorm reads its bf16 weight and bias in f32, two 8-element f32 copies
+  // from the cast cache; the release after the unit's forward must take them along.
+  CHECK(memory.live(MemCategory::Parameter) == parameters_before);
+  CHECK(model.gathered_live() == 0);
+  tape.backward(sum(y));
+  CHECK(memory.live(MemCategory::Parameter) == parameters_before);
+}

@@ -37,11 +37,24 @@ class CastCache {
         return entry.cast;
       entries_.erase(it);
     }
-    std::erase_if(entries_, [](const auto& kv) { return kv.second.source.expired(); });
+    drop_expired();
     Tensor<B> cast = source.to(dtype, MemCategory::Parameter);
     entries_.emplace(key, Entry{source.storage(), source.version(), cast});
     ++casts_made_;
     return cast;
+  }
+
+  /// The address of the tensor `cast` is a cached copy of, or null when it is none.
+  const void* source_of(const Tensor<B>& cast) const {
+    for (const auto& [key, entry] : entries_)
+      if (entry.cast.same_storage(cast)) return key.first;
+    return nullptr;
+  }
+
+  /// Drops the copies whose source is gone (a released ZeRO-3 unit's weights), which a
+  /// lookup would otherwise drop only at the next miss.
+  void drop_expired() {
+    std::erase_if(entries_, [](const auto& kv) { return kv.second.source.expired(); });
   }
 
   void clear() {

@@ -39,6 +39,8 @@
 // (the planner's "keep the gathered weights through backward", at its byte price).
 // Under autocast the model dtype must be the compute dtype: a cast copy of a weight (the
 // cast cache's) would be a full weight that no release frees.
+// (A norm that reads a 16-bit weight in f32 for an f32 input takes an f32 copy from the
+// cast cache; release drops it with the unit.)
 //
 // Collectives: every rank runs the same units in the same order, so gathers and
 // reduce-scatters start in the same order everywhere (NOTE [Collectives in one order on
@@ -75,6 +77,7 @@
 #include "trainmem/amp/grad_scaler.hpp"
 #include "trainmem/amp/narrowing.hpp"
 #include "trainmem/autocast/autocast.hpp"
+#include "trainmem/autocast/cast_cache.hpp"
 #include "trainmem/autograd/grad_mode.hpp"
 #include "trainmem/distributed/zero.hpp"
 #include "trainmem/ops/op_recorder.hpp"
@@ -388,8 +391,8 @@ class FullyShardedModel {
   class GatheredViews final : public Unpacker<B> {
    public:
     GatheredViews(FullyShardedModel& model, std::size_t unit) : model_(&model), unit_(unit) {}
-    std::int64_t add(std::int64_t offset, Shape shape) {
-      views_.push_back({offset, std::move(shape)});
+    std::int64_t add(std::int64_t offset, Shape shape, DType dtype) {
+      views_.push_back({offset, std::move(shape), dtype});
       return static_cast<std::int64_t>(views_.size()) - 1;
     }
     Tensor<B> unpack(std::int64_t slot, const SavedTensor<B>& placeholder) override {
@@ -399,13 +402,15 @@ class FullyShardedModel {
                               " was saved for backward, and the unit is not gathered (its backward runs outside the "
                               "unit: every op of a unit must depend on the unit's input)");
       const View& v = views_[static_cast<std::size_t>(slot)];
-      return flat_view(unit.gathered, v.offset, v.offset + v.shape.numel()).reshape(v.shape);
+      const Tensor<B> view = flat_view(unit.gathered, v.offset, v.offset + v.shape.numel()).reshape(v.shape);
+      return v.dtype == view.dtype() ? view : amp::CastCache<B>::instance().get(view, v.dtype);
     }
 
    private:
     struct View {
       std::int64_t offset;
       Shape shape;
+      DType dtype;  // the gathered weight's, or the cast cache copy's that the op saved
     };
     FullyShardedModel* model_;
     std::size_t unit_;
@@ -424,12 +429,17 @@ class FullyShardedModel {
     void on_outputs(std::int64_t, const OpIdentity&, double, std::span<const Tensor<B>>) override {}
     SavedTensor<B> pack(const Tensor<B>& tensor, const SaveInfo& info) override {
       const Unit& unit = *model_->units_[unit_];
-      if (!unit.gathered.defined() || !tensor.same_storage(unit.gathered))
+      if (!unit.gathered.defined()) return SavedTensor<B>::keep(tensor, info.op->name);
+      // A gathered weight, or the cast cache's copy of one (a norm reading a 16-bit weight
+      // in f32): either is re-made from the backward gather, so neither outlives the unit.
+      const auto* weight = static_cast<const std::byte*>(
+          tensor.same_storage(unit.gathered) ? tensor.data() : amp::CastCache<B>::instance().source_of(tensor));
+      const auto* begin = static_cast<const std::byte*>(unit.gathered.data());
+      if (weight == nullptr || weight < begin || weight >= begin + unit.gathered.bytes())
         return SavedTensor<B>::keep(tensor, info.op->name);
-      const auto offset = static_cast<std::int64_t>(
-          (static_cast<const std::byte*>(tensor.data()) - static_cast<const std::byte*>(unit.gathered.data())) /
-          static_cast<std::ptrdiff_t>(size_of(tensor.dtype())));
-      const std::int64_t slot = unit.unpacker->add(offset, tensor.shape());
+      const auto offset =
+          static_cast<std::int64_t>((weight - begin) / static_cast<std::ptrdiff_t>(size_of(unit.gathered.dtype())));
+      const std::int64_t slot = unit.unpacker->add(offset, tensor.shape(), tensor.dtype());
       return SavedTensor<B>::placeholder(tensor, info.op->name, unit.unpacker, slot);
     }
 
@@ -515,6 +525,8 @@ class FullyShardedModel {
     for (const Var<B>& p : unit.params) p.impl().value = Tensor<B>();
     gathered_live_ -= static_cast<std::int64_t>(unit.gathered.bytes());
     unit.gathered = Tensor<B>();
+    // The norms read 16-bit weights in f32 through the cast cache: those copies go with the unit.
+    amp::CastCache<B>::instance().drop_expired();
   }
   /// Moves the gathers in flight on (MPI progresses them only inside its calls).
   void progress() {
