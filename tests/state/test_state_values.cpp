@@ -64,7 +64,7 @@ std::vector<std::vector<double>> values_of(const Opt& opt) {
 tmem::StateDict with_values(tmem::StateDict state, const std::string& name, const std::vector<double>& values) {
   const tmem::StateEntry& old = state.at(name);
   REQUIRE(static_cast<std::int64_t>(values.size()) == old.shape.numel());
-  state.set(name, tmem::StateEntry::of(tmem::Tensor<B>::from_host(old.shape, values, static_cast<DType>(old.type))));
+  state.set(name, tmem::StateEntry::of(tmem::Tensor<B>::from_host(old.shape, values, tmem::dtype_of(old.type))));
   return state;
 }
 

@@ -164,8 +164,8 @@ class MasterWeights {
     const std::int64_t dtype = state.get_i64("model_dtype");
     detail::check(dtype == static_cast<std::int64_t>(options_.model_dtype),
                   "amp::MasterWeights::load_state: the state's model copies are ",
-                  is_valid_state_type(static_cast<std::uint8_t>(dtype)) && dtype >= 0
-                      ? std::string(name_of(static_cast<StateType>(dtype)))
+                  dtype >= 0 && dtype <= static_cast<std::int64_t>(DType::F8E5M2)
+                      ? std::string(name_of(static_cast<DType>(dtype)))
                       : std::to_string(dtype),
                   ", these are ", options_.model_dtype);
   }

@@ -4,7 +4,7 @@
 // once over a backend type B and calls only what the Backend concept below lists:
 // storage with byte accounting, the kernels, and the fused optimizer update with the
 // loss scaler's device side. Capabilities a backend may lack are concepts of their
-// own (HasGemmBias, HasMapPair, HasOffload), and callers test them with `if constexpr`.
+// own (HasGemmBias, HasMapPair, HasOffload, HasFp8), and callers test them with `if constexpr`.
 // Each backend header static_asserts the concept, so a missing or misspelt method fails
 // where the backend is defined, not deep inside an op.
 //
@@ -128,6 +128,23 @@ concept HasOffload = requires(B& backend, const Tensor<B>& t, typename B::HostCo
   { backend.offload(t) } -> std::same_as<typename B::HostCopy>;
   { backend.fetch(copy) } -> std::same_as<Tensor<B>>;
   backend.release_offloaded_sources();
+};
+
+/// A backend with the FP8 kernels (core/fp8_rules.hpp says what each computes, element by
+/// element; both backends have them: an exact emulation on the CPU, cuBLASLt's FP8 GEMM
+/// on the GPU). FP8 tensors are storage: no other kernel takes them. Scales and amaxes are
+/// one-element f32 tensors on the backend's device.
+template <class B>
+concept HasFp8 = requires(B& b, const Tensor<B>& t, const GemmArgs& args) {
+  // dst(f8) = fp8(src * scale[0]); amax[0] = max(amax[0], max|src|), NaN and inf showing.
+  // src: f32, bf16 or f16. amax may be an undefined Tensor (nothing recorded).
+  b.quantize_fp8(t /*src*/, t /*scale*/, t /*dst*/, t /*amax*/);
+  // dst = float(src) * scale_inv[0], rounded once to dst's dtype (f32, bf16 or f16).
+  b.dequantize_fp8(t /*src*/, t /*scale_inv*/, t /*dst*/);
+  // C = alpha * (op(A) op(B)) * a_scale_inv[0] * b_scale_inv[0] (+ beta C), A and B FP8
+  // (E4M3 x E4M3, E4M3 x E5M2, E5M2 x E4M3), products exact, f32 accumulation, C in
+  // f32, bf16 or f16 rounded once. The same GemmArgs as gemm().
+  b.gemm_fp8(args, t /*A*/, t /*B*/, t /*C*/, t /*a_scale_inv*/, t /*b_scale_inv*/);
 };
 
 namespace detail {

@@ -85,17 +85,19 @@ class Tensor {
     return t;
   }
   /// Every element `value`, rounded to `dtype` once (to nearest even; beyond f16's range
-  /// it is inf). A floating tensor is written by a kernel, not uploaded, so a step that
-  /// makes one (backward's seed of 1) waits for no host-to-device copy.
-  /// An i32 value must be a whole number in range.
+  /// it is inf; FP8 saturates, NOTE [FP8 conversion rule]). A floating tensor is written by a kernel, not uploaded, so
+  /// a step that makes one (backward's seed of 1) waits for no host-to-device copy. An i32 value must be a whole number
+  /// in range.
   static Tensor full(Shape shape, double value, DType dtype, MemCategory category = MemCategory::Temporary,
                      B& backend = B::default_instance()) {
     detail::check(dtype != DType::I32 || is_i32(value), "Tensor::full: value ", value, " is not an i32 (", kNotI32,
                   ")");
     Tensor t = empty(std::move(shape), dtype, category, backend);
-    if (dtype == DType::I32) {  // no kernel writes i32: upload
-      const std::vector<std::int32_t> values(static_cast<std::size_t>(t.numel()), static_cast<std::int32_t>(value));
-      backend.upload(t.data(), values.data(), t.bytes());
+    if (dtype == DType::I32 || is_fp8(dtype)) {  // no kernel writes i32 or FP8: upload
+      visit_dtype(dtype, [&]<class S>() {
+        const std::vector<S> values(static_cast<std::size_t>(t.numel()), detail::narrow<S>(value));
+        if (!values.empty()) backend.upload(t.data(), values.data(), t.bytes());
+      });
       return t;
     }
     backend.fill(t, value);
@@ -221,8 +223,10 @@ class Tensor {
   Tensor to(DType dtype, MemCategory category = MemCategory::Temporary) const {
     require_defined("Tensor::to");
     if (dtype == dtype_) return *this;
-    detail::check(is_floating(dtype_) && is_floating(dtype), "Tensor::to: cannot cast ", shape_, " ", dtype_, " to ",
-                  dtype, "; casts are between floating dtypes (f32, f64, f16, bf16)");
+    detail::check(is_floating(dtype_) && is_floating(dtype) && !is_fp8(dtype_) && !is_fp8(dtype),
+                  "Tensor::to: cannot cast ", shape_, " ", dtype_, " to ", dtype,
+                  "; casts are between f32, f64, f16 and bf16 (FP8 takes a scale: the backend's quantize_fp8 / "
+                  "dequantize_fp8, quantize/dequantize first)");
     Tensor out = empty(shape_, dtype, category, backend());
     backend().map(math::Identity{}, *this, out);
     return out;

@@ -5,6 +5,8 @@
 //                     u64 body bytes, u32 CRC-32 of header bytes [8, 32) and the body, u32 0
 //   body, per entry:  u32 name bytes, name, u8 element type, u8 rank, u16 0,
 //                     i64 extents[rank], u64 data bytes, data
+//   element types (StateType): 0 f32, 1 f64, 2 f16, 3 bf16, 4 i32, 5 i64, 6 u64,
+//                     7 f8e4m3, 8 f8e5m2 (each one byte: the bits as the tensor holds them)
 // `save` writes a temporary file next to the destination, fsyncs it, renames it over
 // the destination and fsyncs the directory: a crash at any point leaves either the old
 // file or the complete new one, never a torn one. `load` checks the magic, the version,

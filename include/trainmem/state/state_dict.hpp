@@ -30,20 +30,42 @@ namespace trainmem {
 
 static_assert(std::endian::native == std::endian::little, "trainmem state files hold little-endian bytes");
 
-/// \brief Element type of a state entry: the tensor dtypes (same codes) plus 64-bit integers.
-enum class StateType : std::uint8_t { F32 = 0, F64 = 1, F16 = 2, BF16 = 3, I32 = 4, I64 = 5, U64 = 6 };
+/// \brief Element type of a state entry: the tensor dtypes plus 64-bit integers. These are
+/// the codes files hold: F32..I32 share DType's codes; the FP8 dtypes, added after the
+/// integers, take 7 and 8 (DType's 5 and 6 were already I64 and U64 here).
+enum class StateType : std::uint8_t {
+  F32 = 0,
+  F64 = 1,
+  F16 = 2,
+  BF16 = 3,
+  I32 = 4,
+  I64 = 5,
+  U64 = 6,
+  F8E4M3 = 7,
+  F8E5M2 = 8
+};
 
-constexpr StateType state_type_of(DType dtype) { return static_cast<StateType>(static_cast<std::uint8_t>(dtype)); }
-constexpr bool is_tensor_type(StateType type) { return static_cast<std::uint8_t>(type) <= 4; }
-constexpr bool is_valid_state_type(std::uint8_t code) { return code <= 6; }
+constexpr StateType state_type_of(DType dtype) {
+  if (dtype == DType::F8E4M3) return StateType::F8E4M3;
+  if (dtype == DType::F8E5M2) return StateType::F8E5M2;
+  return static_cast<StateType>(static_cast<std::uint8_t>(dtype));
+}
+constexpr bool is_tensor_type(StateType type) { return type != StateType::I64 && type != StateType::U64; }
+constexpr bool is_valid_state_type(std::uint8_t code) { return code <= 8; }
+/// The tensor dtype of a tensor type (is_tensor_type).
+constexpr DType dtype_of(StateType type) {
+  if (type == StateType::F8E4M3) return DType::F8E4M3;
+  if (type == StateType::F8E5M2) return DType::F8E5M2;
+  return static_cast<DType>(static_cast<std::uint8_t>(type));
+}
 
 constexpr std::size_t size_of(StateType type) {
-  return type == StateType::I64 || type == StateType::U64 ? 8 : size_of(static_cast<DType>(type));
+  return type == StateType::I64 || type == StateType::U64 ? 8 : size_of(dtype_of(type));
 }
 constexpr std::string_view name_of(StateType type) {
   if (type == StateType::I64) return "i64";
   if (type == StateType::U64) return "u64";
-  return name_of(static_cast<DType>(type));
+  return name_of(dtype_of(type));
 }
 inline std::ostream& operator<<(std::ostream& out, StateType type) { return out << name_of(type); }
 /// numel * size_of(type): the bytes an entry of `shape` holds, or -1 when that exceeds
@@ -79,7 +101,7 @@ struct StateEntry {
   /// A new tensor holding these bytes (a tensor type only).
   template <class B>
   Tensor<B> to_tensor(MemCategory category, B& backend) const {
-    Tensor<B> t = Tensor<B>::empty(shape, static_cast<DType>(type), category, backend);
+    Tensor<B> t = Tensor<B>::empty(shape, dtype_of(type), category, backend);
     copy_to(t);
     return t;
   }
@@ -200,8 +222,8 @@ struct ValueScan {
 template <class Ok>
 ValueScan scan_values(const StateEntry& entry, Ok ok) {
   ValueScan scan;
-  if (!is_tensor_type(entry.type) || !is_floating(static_cast<DType>(entry.type))) return scan;
-  visit_floating(static_cast<DType>(entry.type), "scan_values", [&]<class T>() {
+  if (!is_tensor_type(entry.type) || !is_floating(dtype_of(entry.type))) return scan;
+  visit_dtype(dtype_of(entry.type), [&]<class T>() {
     for (std::int64_t i = 0; i < entry.shape.numel(); ++i) {
       T stored;
       std::memcpy(&stored, entry.bytes.data() + static_cast<std::size_t>(i) * sizeof(T), sizeof(T));

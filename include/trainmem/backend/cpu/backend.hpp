@@ -24,6 +24,7 @@
 #include "trainmem/backend/cpu/kernels/elementwise.hpp"
 #include "trainmem/backend/cpu/kernels/embedding.hpp"
 #include "trainmem/backend/cpu/kernels/fingerprint.hpp"
+#include "trainmem/backend/cpu/kernels/fp8.hpp"
 #include "trainmem/backend/cpu/kernels/loss.hpp"
 #include "trainmem/backend/cpu/kernels/loss_scale.hpp"
 #include "trainmem/backend/cpu/kernels/norm.hpp"
@@ -31,6 +32,7 @@
 #include "trainmem/backend/cpu/kernels/shape.hpp"
 #include "trainmem/backend/cpu/kernels/softmax.hpp"
 #include "trainmem/core/backend_contract.hpp"
+#include "trainmem/core/fp8_rules.hpp"
 #include "trainmem/core/tensor.hpp"
 
 namespace trainmem::cpu {
@@ -336,14 +338,58 @@ class Backend : public FusedUpdate<Backend> {
     });
   }
 
+  // --- FP8 (HasFp8): an exact emulation, backend/cpu/kernels/fp8.hpp ----------------------
+  /// dst = fp8(src * scale[0]); amax[0] = max(amax[0], max|src|), NaN winning (amax may be undefined).
+  void quantize_fp8(const TensorT& src, const TensorT& scale, const TensorT& dst, const TensorT& amax) {
+    detail::expects_quantize_fp8(src, scale, dst, amax);
+    visit_fp8(dst.dtype(), "quantize_fp8", [&]<class F8>() {
+      visit_floating(src.dtype(), "quantize_fp8", [&]<class TS>() {
+        if constexpr (!std::is_same_v<TS, double>) {
+          const float seen = kernels::quantize_fp8(src.data_as<const TS>(), src.numel(),
+                                                   scale.data_as<const float>()[0], dst.data_as<F8>());
+          if (amax.defined()) amax.data_as<float>()[0] = fp8::amax_update(amax.data_as<float>()[0], seen);
+        }
+      });
+    });
+  }
+  /// dst = float(src) * scale_inv[0], rounded once to dst's dtype.
+  void dequantize_fp8(const TensorT& src, const TensorT& scale_inv, const TensorT& dst) {
+    detail::expects_dequantize_fp8(src, scale_inv, dst);
+    visit_fp8(src.dtype(), "dequantize_fp8", [&]<class F8>() {
+      visit_floating(dst.dtype(), "dequantize_fp8", [&]<class TD>() {
+        if constexpr (!std::is_same_v<TD, double>)
+          kernels::dequantize_fp8(src.data_as<const F8>(), src.numel(), scale_inv.data_as<const float>()[0],
+                                  dst.data_as<TD>());
+      });
+    });
+  }
+  /// C = alpha (op(A) op(B)) a_scale_inv[0] b_scale_inv[0] + beta C with FP8 A and B, the
+  /// sums in f32, C rounded once.
+  void gemm_fp8(const GemmArgs& args, const TensorT& a, const TensorT& b, const TensorT& c, const TensorT& a_scale_inv,
+                const TensorT& b_scale_inv) {
+    detail::expects_gemm_fp8(args, a, b, c, a_scale_inv, b_scale_inv);
+    visit_fp8(a.dtype(), "gemm_fp8", [&]<class FA>() {
+      visit_fp8(b.dtype(), "gemm_fp8", [&]<class FB>() {
+        visit_floating(c.dtype(), "gemm_fp8", [&]<class TC>() {
+          if constexpr (!std::is_same_v<TC, double>)
+            kernels::gemm_fp8(args, a.data_as<const FA>(), b.data_as<const FB>(), c.data_as<TC>(),
+                              a_scale_inv.data_as<const float>()[0], b_scale_inv.data_as<const float>()[0], allocator_);
+        });
+      });
+    });
+  }
+
  private:
   /// Element-wise maps take floating dtypes only (in any mix).
   template <class... Ts>
   static void expect_floating_map(const Ts&... tensors) {
-    (detail::check(is_floating(tensors.dtype()), "map: expected a floating dtype, got ", tensors.dtype()), ...);
+    ((detail::check(is_floating(tensors.dtype()), "map: expected a floating dtype, got ", tensors.dtype()),
+      detail::check_not_fp8(tensors.dtype(), "map")),
+     ...);
   }
   /// The ops give A and B their compute dtype, and f64 only meets f64.
   static void expect_gemm_dtypes(const TensorT& a, const TensorT& b, const TensorT& c) {
+    for (const TensorT* t : {&a, &b, &c}) detail::check_not_fp8(t->dtype(), "gemm (gemm_fp8 multiplies FP8)");
     detail::expects(a.dtype() == b.dtype() && (a.dtype() == DType::F64) == (c.dtype() == DType::F64),
                     "gemm: A and B of one floating dtype, f64 only with f64");
   }
@@ -357,7 +403,7 @@ class Backend : public FusedUpdate<Backend> {
   Allocator allocator_{stats_};
 };
 
-static_assert(trainmem::Backend<Backend> && HasGemmBias<Backend> && HasMapPair<Backend>,
+static_assert(trainmem::Backend<Backend> && HasGemmBias<Backend> && HasMapPair<Backend> && HasFp8<Backend>,
               "cpu::Backend must meet the backend contract (core/backend_contract.hpp)");
 
 }  // namespace trainmem::cpu

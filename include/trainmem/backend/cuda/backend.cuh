@@ -2,8 +2,8 @@
 //
 // cuda::Backend meets the Backend concept (core/backend_contract.hpp) with cpu::Backend's meaning
 // for each method, so every op, the tape, checkpointing, amp and the optimizers run on it unchanged;
-// it has the fused GEMM epilogue (HasGemmBias) and offload (HasOffload, NOTE [Offload ordering] in
-// offload.cuh), and asserts what the ops validated (NOTE [Ops validate, backends assert]).
+// it has the fused GEMM epilogue (HasGemmBias), the FP8 kernels (HasFp8) and offload (HasOffload, NOTE [Offload
+// ordering] in offload.cuh), and asserts what the ops validated (NOTE [Ops validate, backends assert]).
 //
 // One backend is one device and one stream (stream.cuh). All work is queued on that stream in call
 // order, so results are ordered without synchronising. The host waits only where the user asks for
@@ -37,6 +37,7 @@
 #include "trainmem/backend/cuda/kernels/dropout.cuh"
 #include "trainmem/backend/cuda/kernels/elementwise.cuh"
 #include "trainmem/backend/cuda/kernels/embedding.cuh"
+#include "trainmem/backend/cuda/kernels/fp8.cuh"
 #include "trainmem/backend/cuda/kernels/loss.cuh"
 #include "trainmem/backend/cuda/kernels/norm.cuh"
 #include "trainmem/backend/cuda/kernels/reduction.cuh"
@@ -45,6 +46,7 @@
 #include "trainmem/backend/cuda/offload.cuh"
 #include "trainmem/backend/cuda/stream.cuh"
 #include "trainmem/core/backend_contract.hpp"
+#include "trainmem/core/fp8_rules.hpp"
 
 namespace trainmem::cuda {
 
@@ -407,6 +409,40 @@ class Backend : public FusedUpdate<Backend> {
     });
   }
 
+  // --- FP8 (HasFp8): kernels/fp8.cuh, NOTE [FP8 GEMM] in gemm.cuh -----------------------
+  /// dst = fp8(src * scale[0]); amax[0] = max(amax[0], max|src|), NaN winning (amax may be
+  /// undefined). Scale and amax stay on the device: no host sync.
+  void quantize_fp8(const TensorT& src, const TensorT& scale, const TensorT& dst, const TensorT& amax) {
+    detail::expects_quantize_fp8(src, scale, dst, amax);
+    visit_fp8(dst.dtype(), "quantize_fp8", [&]<class F8>() {
+      visit_floating(src.dtype(), "quantize_fp8", [&]<class TS>() {
+        if constexpr (!std::is_same_v<TS, double>)
+          kernels::quantize_fp8(context(), src.data_as<const TS>(), src.numel(), scale.data_as<const float>(),
+                                dst.data_as<F8>(), amax.defined() ? amax.data_as<float>() : nullptr);
+      });
+    });
+  }
+  /// dst = float(src) * scale_inv[0], rounded once to dst's dtype.
+  void dequantize_fp8(const TensorT& src, const TensorT& scale_inv, const TensorT& dst) {
+    detail::expects_dequantize_fp8(src, scale_inv, dst);
+    visit_fp8(src.dtype(), "dequantize_fp8", [&]<class F8>() {
+      visit_floating(dst.dtype(), "dequantize_fp8", [&]<class TD>() {
+        if constexpr (!std::is_same_v<TD, double>)
+          kernels::dequantize_fp8(context(), src.data_as<const F8>(), src.numel(), scale_inv.data_as<const float>(),
+                                  dst.data_as<TD>());
+      });
+    });
+  }
+  /// C = alpha (op(A) op(B)) a_scale_inv[0] b_scale_inv[0] + beta C with FP8 A and B on
+  /// cuBLASLt's FP8 Tensor Core kernels, f32 accumulation, C rounded once.
+  void gemm_fp8(const GemmArgs& args, const TensorT& a, const TensorT& b, const TensorT& c, const TensorT& a_scale_inv,
+                const TensorT& b_scale_inv) {
+    detail::expects_gemm_fp8(args, a, b, c, a_scale_inv, b_scale_inv);
+    runtime::make_current(device_);
+    gemm_.run_fp8(args, a.dtype(), a.data(), b.dtype(), b.data(), c.dtype(), c.data(),
+                  a_scale_inv.data_as<const float>(), b_scale_inv.data_as<const float>());
+  }
+
   // --- activation offload (NOTE [Offload ordering]) -----------------------------------
   /// Starts copying `tensor` to pinned host memory on the side stream; the caller may drop
   /// the tensor at once. The copy's bytes count as HostOffload until the HostCopy is gone.
@@ -445,6 +481,9 @@ class Backend : public FusedUpdate<Backend> {
 
   /// The ops give A and B their compute dtype, and f64 only meets f64.
   static void expect_gemm_dtypes(const TensorT& a, const TensorT& b, const TensorT& c) {
+    detail::check_not_fp8(a.dtype(), "gemm (gemm_fp8 multiplies FP8)");
+    detail::check_not_fp8(b.dtype(), "gemm (gemm_fp8 multiplies FP8)");
+    detail::check_not_fp8(c.dtype(), "gemm (gemm_fp8 multiplies FP8)");
     detail::expects(a.dtype() == b.dtype() && is_floating(a.dtype()) && is_floating(c.dtype()) &&
                         (a.dtype() == DType::F64) == (c.dtype() == DType::F64),
                     "gemm: A and B of one floating dtype, f64 only with f64");
@@ -464,7 +503,7 @@ class Backend : public FusedUpdate<Backend> {
   bool use_cudnn_attention_ = true;
 };
 
-static_assert(trainmem::Backend<Backend> && HasGemmBias<Backend> && HasOffload<Backend>,
+static_assert(trainmem::Backend<Backend> && HasGemmBias<Backend> && HasOffload<Backend> && HasFp8<Backend>,
               "cuda::Backend must meet the backend contract (core/backend_contract.hpp)");
 
 }  // namespace trainmem::cuda

@@ -41,6 +41,8 @@ class FusedUpdate {
                     const TensorT& second_moment, const TensorT& model_copy, const TensorT& found_inf = TensorT(),
                     const CopyRounding& rounding = {}, std::string_view name = {}) {
     detail::expects(param.dtype() == DType::F32 || param.dtype() == DType::F64, "apply_update: an f32 or f64 param");
+    detail::check_not_fp8(grad.dtype(), "apply_update");
+    if (model_copy.defined()) detail::check_not_fp8(model_copy.dtype(), "apply_update");
     detail::expects(grad.numel() == param.numel() && (!model_copy.defined() || model_copy.numel() == param.numel()),
                     "apply_update: grad and model copy the size of param");
     detail::expects(
@@ -69,8 +71,11 @@ class FusedUpdate {
   void unscale_grads(std::span<const TensorT> grads, const TensorT& scale, const TensorT& found_inf) {
     std::vector<kernels::GradRef> refs;
     refs.reserve(grads.size());
-    for (const TensorT& g : grads)
-      if (g.defined()) refs.push_back({g.data(), g.numel(), g.dtype()});
+    for (const TensorT& g : grads) {
+      if (!g.defined()) continue;
+      detail::check_not_fp8(g.dtype(), "unscale_grads");
+      refs.push_back({g.data(), g.numel(), g.dtype()});
+    }
     kernels::unscale_grads(derived().context(), refs, scalar<float>(scale), scalar<float>(found_inf));
   }
   /// One step of the dynamic loss-scale rule (update_scale_state) in a one-thread kernel.

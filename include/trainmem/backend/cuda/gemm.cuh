@@ -26,6 +26,20 @@
 // shared matrix is B, and otherwise runs the batch entry by entry. Operands that start
 // off a 16-byte boundary (views into a larger tensor) are described to the heuristic
 // as such; if it then offers nothing, they are copied to aligned scratch first.
+//
+// NOTE [FP8 GEMM]
+// run_fp8 multiplies FP8 A and B (E4M3 x E4M3, E4M3 x E5M2, E5M2 x E4M3) with cuBLASLt's
+// FP8 kernels (sm_89 and later): CUBLAS_COMPUTE_32F with FAST_ACCUM off (the Tensor Cores'
+// partial sums are promoted to f32 registers as they go), the two scale inverses passed as
+// device pointers (CUBLASLT_MATMUL_DESC_A_SCALE_POINTER / B_SCALE_POINTER: D = alpha
+// scale_A scale_B op(A) op(B) + beta C, no host sync), C in f32, bf16 or f16. On sm_90
+// those kernels take only "TN": column-major op(A) transposed, op(B) not, which in our
+// row-major terms (NOTE above: cuBLASLt's A is our B) is A stored [m, k] and B stored
+// [n, k] (a linear layer's x W^T). Other layouts are transposed into scratch first, one
+// byte per element. A shape the heuristic refuses (a k or n that is not a multiple of
+// 16, a GPU without FP8 Tensor Cores) takes the same arithmetic another way: A and B
+// widened to bf16 (exact), a bf16 GEMM with f32 sums into scratch, and an epilogue that
+// applies alpha a_scale_inv b_scale_inv read on the device (core/fp8_rules.hpp).
 #pragma once
 
 #include <algorithm>
@@ -34,6 +48,7 @@
 #include <map>
 
 #include "trainmem/backend/cuda/kernels/elementwise.cuh"
+#include "trainmem/backend/cuda/kernels/fp8.cuh"
 #include "trainmem/core/gemm_args.hpp"
 
 namespace trainmem::cuda {
@@ -50,6 +65,8 @@ inline cudaDataType_t cuda_data_type(DType dtype) {
     case DType::F16: return CUDA_R_16F;
     case DType::BF16: return CUDA_R_16BF;
     case DType::I32: return CUDA_R_32I;
+    case DType::F8E4M3: return CUDA_R_8F_E4M3;
+    case DType::F8E5M2: return CUDA_R_8F_E5M2;
   }
   return CUDA_R_32F;
 }
@@ -150,6 +167,51 @@ class GemmEngine {
                                          ctx_.stream));
   }
 
+  /// C = alpha a_scale_inv[0] b_scale_inv[0] op(A) op(B) + beta C for row-major FP8 A and B
+  /// (NOTE [FP8 GEMM]); the scale inverses are one-element f32 device buffers.
+  void run_fp8(const GemmArgs& g, DType a_dtype, const void* a, DType b_dtype, const void* b, DType c_dtype, void* c,
+               const float* a_scale_inv, const float* b_scale_inv) {
+    if (g.batch == 0 || g.m == 0 || g.n == 0) return;
+    if (g.k == 0) {  // no products: C = beta C
+      if (g.beta == 0.0) TRAINMEM_CUDA_CHECK(cudaMemsetAsync(c, 0, span_elements(g) * size_of(c_dtype), ctx_.stream));
+      else map_unary(ctx_, math::Scale{g.beta}, c_dtype, c, c_dtype, c, span_elements(g));
+      return;
+    }
+    // The TN layout: A as [m, k] and B as [n, k], transposed into scratch when stored otherwise.
+    GemmArgs tn = g;
+    tn.trans_a = false;
+    tn.trans_b = true;
+    const std::int64_t a_entries = g.stride_a == 0 ? 1 : g.batch, b_entries = g.stride_b == 0 ? 1 : g.batch;
+    ScratchBuffer a_t(ctx_, g.trans_a ? static_cast<std::size_t>(a_entries * g.m * g.k) : 0);
+    ScratchBuffer b_t(ctx_, g.trans_b ? 0 : static_cast<std::size_t>(b_entries * g.k * g.n));
+    if (g.trans_a) {  // [k, m] -> [m, k]
+      transpose_bytes(ctx_, a, g.stride_a, a_t.as<void>(), g.m * g.k, g.k, g.m, a_entries);
+      a = a_t.as<const void>();
+      tn.stride_a = g.stride_a == 0 ? 0 : g.m * g.k;
+    }
+    if (!g.trans_b) {  // [k, n] -> [n, k]
+      transpose_bytes(ctx_, b, g.stride_b, b_t.as<void>(), g.k * g.n, g.k, g.n, b_entries);
+      b = b_t.as<const void>();
+      tn.stride_b = g.stride_b == 0 ? 0 : g.k * g.n;
+    }
+    if (tn.batch > 1 && tn.stride_b == 0 && tn.stride_a == g.m * g.k && tn.stride_c == g.m * g.n) {
+      tn.m = g.batch * g.m;  // a stack of A's with one B is one tall A: [batch * m, k] x B
+      tn.batch = 1;
+      tn.stride_a = tn.stride_b = tn.stride_c = 0;
+    }
+    if (tn.batch > 1 && (tn.stride_a == 0 || tn.stride_b == 0)) {  // a shared operand: entry by entry
+      GemmArgs one = tn;
+      one.batch = 1;
+      one.stride_a = one.stride_b = one.stride_c = 0;
+      for (std::int64_t p = 0; p < tn.batch; ++p)
+        run_fp8_tn(one, a_dtype, static_cast<const std::uint8_t*>(a) + p * tn.stride_a, b_dtype,
+                   static_cast<const std::uint8_t*>(b) + p * tn.stride_b, c_dtype,
+                   static_cast<std::byte*>(c) + p * tn.stride_c * size_of(c_dtype), a_scale_inv, b_scale_inv);
+      return;
+    }
+    run_fp8_tn(tn, a_dtype, a, b_dtype, b, c_dtype, c, a_scale_inv, b_scale_inv);
+  }
+
  private:
   struct Plan {
     cublasLtMatmulDesc_t desc = nullptr;
@@ -158,6 +220,93 @@ class GemmEngine {
     bool found = false;
   };
   using Key = std::array<std::int64_t, 16>;
+
+  /// run_fp8 once A is [m, k] and B is [n, k] (strides nonzero when batch > 1).
+  void run_fp8_tn(const GemmArgs& g, DType a_dtype, const void* a, DType b_dtype, const void* b, DType c_dtype, void* c,
+                  const float* a_scale_inv, const float* b_scale_inv) {
+    const Plan& plan = fp8_plan_for(g, a_dtype, a, b_dtype, b, c_dtype, c);
+    if (!plan.found) {
+      run_fp8_widened(g, a_dtype, a, b_dtype, b, c_dtype, c, a_scale_inv, b_scale_inv);
+      return;
+    }
+    // Operands swapped (NOTE [Row-major through a column-major library]): cuBLASLt's A is our B.
+    TRAINMEM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &b_scale_inv,
+                                                         sizeof(b_scale_inv)));
+    TRAINMEM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a_scale_inv,
+                                                         sizeof(a_scale_inv)));
+    const float alpha = static_cast<float>(g.alpha), beta = static_cast<float>(g.beta);
+    TRAINMEM_CUBLAS_CHECK(cublasLtMatmul(lt_, plan.desc, &alpha, b, plan.layout_a, a, plan.layout_b, &beta, c,
+                                         plan.layout_c, c, plan.layout_c, &plan.algo, workspace(), kWorkspaceBytes,
+                                         ctx_.stream));
+  }
+
+  /// The FP8 GEMM's arithmetic where cuBLASLt has no FP8 kernel for the shape (NOTE [FP8 GEMM]).
+  void run_fp8_widened(const GemmArgs& g, DType a_dtype, const void* a, DType b_dtype, const void* b, DType c_dtype,
+                       void* c, const float* a_scale_inv, const float* b_scale_inv) {
+    const std::int64_t a_span = fp8::operand_span(g.batch, g.stride_a, g.m * g.k);
+    const std::int64_t b_span = fp8::operand_span(g.batch, g.stride_b, g.k * g.n);
+    ScratchBuffer a16(ctx_, static_cast<std::size_t>(a_span) * sizeof(BFloat16));
+    ScratchBuffer b16(ctx_, static_cast<std::size_t>(b_span) * sizeof(BFloat16));
+    ScratchBuffer sums(ctx_, static_cast<std::size_t>(g.batch * g.m * g.n) * sizeof(float));
+    widen_fp8(ctx_, a_dtype, a, a_span, a16.as<BFloat16>());
+    widen_fp8(ctx_, b_dtype, b, b_span, b16.as<BFloat16>());
+    GemmArgs f32 = g;
+    f32.alpha = 1.0;
+    f32.beta = 0.0;
+    f32.stride_c = g.m * g.n;
+    run(f32, DType::BF16, a16.as<const void>(), b16.as<const void>(), DType::F32, sums.as<void>());
+    gemm_fp8_epilogue(ctx_, sums.as<const float>(), g.batch, g.m * g.n, c_dtype, c, g.stride_c,
+                      static_cast<float>(g.alpha), static_cast<float>(g.beta), a_scale_inv, b_scale_inv);
+  }
+
+  const Plan& fp8_plan_for(const GemmArgs& g, DType a_dtype, const void* a, DType b_dtype, const void* b, DType c_dtype,
+                           const void* c) {
+    const std::uint32_t align_a = pointer_alignment(b), align_b = pointer_alignment(a), align_c = pointer_alignment(c);
+    // Operand dtypes above every DType code, so FP8 plans never meet the others in the cache.
+    const std::int64_t operands = 1000 + 10 * static_cast<std::int64_t>(a_dtype) + static_cast<std::int64_t>(b_dtype);
+    const Key key{operands,
+                  static_cast<std::int64_t>(c_dtype),
+                  0,
+                  1,
+                  g.m,
+                  g.n,
+                  g.k,
+                  g.batch,
+                  g.batch > 1 ? g.stride_a : 0,
+                  g.batch > 1 ? g.stride_b : 0,
+                  g.batch > 1 ? g.stride_c : 0,
+                  0,
+                  align_a,
+                  align_b,
+                  align_c,
+                  0};
+    if (auto it = plans_.find(key); it != plans_.end()) return it->second;
+    Plan plan;
+    try {
+      TRAINMEM_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+      const cublasOperation_t op_a = CUBLAS_OP_T, op_b = CUBLAS_OP_N;  // TN (NOTE [FP8 GEMM])
+      TRAINMEM_CUBLAS_CHECK(
+          cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
+      TRAINMEM_CUBLAS_CHECK(
+          cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
+      const std::int8_t fast_accumulation = 0;
+      TRAINMEM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM,
+                                                           &fast_accumulation, sizeof(fast_accumulation)));
+      make_layout(plan.layout_a, b_dtype, g.k, g.n, g.batch, g.stride_b);  // our B [n, k]: column-major k x n
+      make_layout(plan.layout_b, a_dtype, g.k, g.m, g.batch, g.stride_a);  // our A [m, k]: column-major k x m
+      make_layout(plan.layout_c, c_dtype, g.n, g.m, g.batch, g.stride_c);
+      // cuBLASLt's FP8 kernels want 16-byte leading dimensions and pointers; others go widened.
+      const bool eligible = g.k % 16 == 0 && (g.n * static_cast<std::int64_t>(size_of(c_dtype))) % 16 == 0 &&
+                            std::min({align_a, align_b, align_c}) >= 16 &&
+                            (g.batch == 1 || (g.stride_a % 16 == 0 && g.stride_b % 16 == 0 &&
+                                              (g.stride_c * static_cast<std::int64_t>(size_of(c_dtype))) % 16 == 0));
+      if (eligible) choose_algorithm(plan, align_a, align_b, align_c);
+    } catch (...) {
+      destroy(plan);
+      throw;
+    }
+    return plans_.emplace(key, plan).first->second;
+  }
 
   static bool lt_supports(DType ab, DType c) {
     if (ab == DType::F32) return c == DType::F32;
@@ -298,7 +447,11 @@ class GemmEngine {
     make_layout(plan.layout_a, ab, a_rows, a_cols, g.batch, g.stride_b);
     make_layout(plan.layout_b, ab, b_rows, b_cols, g.batch, g.stride_a);
     make_layout(plan.layout_c, c_dtype, g.n, g.m, g.batch, g.stride_c);
+    choose_algorithm(plan, align_a, align_b, align_c);
+  }
 
+  /// The heuristic's first algorithm for the plan's descriptor and layouts (plan.found: one was offered).
+  void choose_algorithm(Plan& plan, std::uint32_t align_a, std::uint32_t align_b, std::uint32_t align_c) {
     cublasLtMatmulPreference_t preference = nullptr;
     TRAINMEM_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
     cublasLtMatmulHeuristicResult_t result{};

@@ -141,6 +141,9 @@ inline void fill(const KernelContext& ctx, DType dtype, void* out, double value,
 template <class Op>
 void map_unary(const KernelContext& ctx, Op op, DType in_dtype, const void* in, DType out_dtype, void* out,
                std::int64_t n) {
+  // The mixed-dtype kernels read dtypes at run time; FP8 is refused here, before any launch.
+  ::trainmem::detail::check_not_fp8(in_dtype, "map");
+  ::trainmem::detail::check_not_fp8(out_dtype, "map");
   if (n == 0) return;
   constexpr bool kCast = std::is_same_v<Op, math::Identity>;
   if (kCast || in_dtype == out_dtype) {
@@ -170,6 +173,9 @@ void map_unary(const KernelContext& ctx, Op op, DType in_dtype, const void* in, 
 template <class Op>
 void map_binary(const KernelContext& ctx, Op op, DType a_dtype, const void* a, DType b_dtype, const void* b,
                 DType out_dtype, void* out, const AxisView& view) {
+  ::trainmem::detail::check_not_fp8(a_dtype, "map");
+  ::trainmem::detail::check_not_fp8(b_dtype, "map");
+  ::trainmem::detail::check_not_fp8(out_dtype, "map");
   const std::int64_t n = view.numel();
   if (n == 0) return;
   const BroadcastIndex index = broadcast_index(view);
