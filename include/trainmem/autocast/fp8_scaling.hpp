@@ -121,8 +121,8 @@ class Fp8Scaling {
   }
   const Var<B>& weight(std::size_t w) const { return weights_.at(w); }
 
-  /// The registered weight whose value `value` is (its storage), or none.
-  std::optional<std::size_t> find_weight(const Tensor<B>& value) {
+  /// The registered weight whose value `value` is (its storage and shape), or none.
+  std::optional<std::size_t> find_weight(const Tensor<B>& value) const {
     auto it = by_data_.find(value.data());
     if (it == by_data_.end() || weights_[it->second].value().data() != value.data()) {
       by_data_.clear();  // master weights or a load may have replaced values since: index them again
@@ -130,6 +130,7 @@ class Fp8Scaling {
       it = by_data_.find(value.data());
       if (it == by_data_.end()) return std::nullopt;
     }
+    if (weights_[it->second].value().shape() != value.shape()) return std::nullopt;  // a view, not the weight
     return it->second;
   }
 
@@ -334,12 +335,12 @@ class Fp8Scaling {
 
   DelayedScaling recipe_;
   B* backend_;
-  std::vector<Var<B>> weights_;                 // registered, in order; role_index() lays out their roles
-  std::map<const void*, std::size_t> by_data_;  // a weight's value storage -> its index (rebuilt on a miss)
-  Tensor<B> history_, amax_;                    // [H, R] ring and [R] running max, updated in place
-  std::shared_ptr<const Fp8Scales<B>> scales_;  // the current generation; never written after update()
-  std::int64_t position_ = 0;                   // the history row the next stepped update writes
-  std::vector<CachedWeight> cache_;             // by weight
+  std::vector<Var<B>> weights_;                         // registered, in order; role_index() lays out their roles
+  mutable std::map<const void*, std::size_t> by_data_;  // a weight's value storage -> its index (rebuilt on a miss)
+  Tensor<B> history_, amax_;                            // [H, R] ring and [R] running max, updated in place
+  std::shared_ptr<const Fp8Scales<B>> scales_;          // the current generation; never written after update()
+  std::int64_t position_ = 0;                           // the history row the next stepped update writes
+  std::vector<CachedWeight> cache_;                     // by weight
   std::uint64_t amax_records_ = 0;
   std::uint64_t weight_quantizations_ = 0;
 };
