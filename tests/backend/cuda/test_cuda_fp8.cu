@@ -235,6 +235,9 @@ TEST_CASE("cuda gemm_fp8: cuBLASLt FP8 and the widened path against the CPU emul
       cases.push_back(exact);
       exact.g.k = 30;
       cases.push_back(exact);
+      exact.g.k = 0;  // no products: beta C
+      exact.g.beta = 0.5;
+      cases.push_back(exact);
     }
   for (const Fp8GemmCase& tc : cases) {
     const double worst = gemm_error_over_bound(gpu, random, tc);

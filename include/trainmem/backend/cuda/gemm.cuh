@@ -172,9 +172,11 @@ class GemmEngine {
   void run_fp8(const GemmArgs& g, DType a_dtype, const void* a, DType b_dtype, const void* b, DType c_dtype, void* c,
                const float* a_scale_inv, const float* b_scale_inv) {
     if (g.batch == 0 || g.m == 0 || g.n == 0) return;
-    if (g.k == 0) {  // no products: C = beta C
-      if (g.beta == 0.0) TRAINMEM_CUDA_CHECK(cudaMemsetAsync(c, 0, span_elements(g) * size_of(c_dtype), ctx_.stream));
-      else map_unary(ctx_, math::Scale{g.beta}, c_dtype, c, c_dtype, c, span_elements(g));
+    if (g.k == 0) {  // sums of nothing: the epilogue on zeros, as the CPU emulation does
+      ScratchBuffer sums(ctx_, static_cast<std::size_t>(g.batch * g.m * g.n) * sizeof(float));
+      TRAINMEM_CUDA_CHECK(cudaMemsetAsync(sums.as<void>(), 0, sums.bytes(), ctx_.stream));
+      gemm_fp8_epilogue(ctx_, sums.as<const float>(), g.batch, g.m * g.n, c_dtype, c, g.stride_c,
+                        static_cast<float>(g.alpha), static_cast<float>(g.beta), a_scale_inv, b_scale_inv);
       return;
     }
     // The TN layout: A as [m, k] and B as [n, k], transposed into scratch when stored otherwise.
