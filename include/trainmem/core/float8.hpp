@@ -8,12 +8,13 @@
 //
 // NOTE [FP8 conversion rule]
 // Narrowing from f32 rounds to nearest, ties to even, at every binade including the
-// subnormals, in saturating mode: the OCP 8-bit Floating Point Specification (OFP8)
-// rev 1.0, section "Conversion from wider formats", saturation mode, which is what
+// subnormals, in saturating mode: the saturation mode the OCP 8-bit Floating Point
+// Specification (OFP8, rev 1.0) defines for conversions from wider formats, which is what
 // CUDA calls __NV_SATFINITE (cuda_fp8.h: "input larger than the maximum representable
 // finite number MAXNORM of the target format round to the MAXNORM of the same sign as
-// input"; cuda_fp8.hpp's reference __nv_cvt_double_to_fp8 sends every |x| above
-// max + ulp/2, infinity included, to MAXNORM; PTX cvt.rn.satfinite does the same).
+// input"; the host path of cuda_fp8.hpp's __nv_cvt_double_to_fp8 (CUDA 13.0) sends every
+// |x| above max + ulp/2, infinity included, to MAXNORM; on sm_89 and later the device path
+// of __nv_cvt_float_to_fp8 is the instruction cvt.rn.satfinite).
 // So, for both formats:
 //   - a finite value whose rounded magnitude exceeds max, and ±inf, become ±max;
 //   - NaN becomes NaN (E4M3 S.1111.111, E5M2 the quiet S.11111.10), sign kept;

@@ -165,7 +165,7 @@ void check_gemm(const GemmCase& gc, std::mt19937& gen, bool integers = false) {
 
 }  // namespace fp8_kernels_test
 
-TEST_CASE("quantize_fp8: codes are the scalar conversion of x * scale; amax of |x|", "[backend][cpu][fp8]") {
+TEST_CASE("quantize_fp8: codes are the scalar conversion of x * scale, amax of |x|", "[backend][cpu][fp8]") {
   using namespace fp8_kernels_test;
   B& be = B::default_instance();
   std::mt19937 gen(5201);
@@ -302,7 +302,7 @@ TEST_CASE("gemm_fp8: F64 reference of the decoded values, f32 accumulation bound
   }
 }
 
-TEST_CASE("gemm_fp8: k = 0 gives beta C; refused operands name the op", "[backend][cpu][fp8]") {
+TEST_CASE("gemm_fp8: k = 0 gives beta C, and refused operands name the op", "[backend][cpu][fp8]") {
   using namespace fp8_kernels_test;
   B& be = B::default_instance();
   const T a = T::zeros(tm::Shape{4, 0}, DType::F8E4M3), b = T::zeros(tm::Shape{0, 3}, DType::F8E4M3);
