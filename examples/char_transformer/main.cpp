@@ -67,8 +67,9 @@ struct Training {
       : settings(run_settings),
         model(config, vocabulary, seed, tmem::DType::F32),  // mixed precision narrows the parameters after
         optimizer(model.parameters(), {.lr = lr, .weight_decay = weight_decay}),
-        runner(optimizer,
-               {.precision = examples::dtype_of(settings.precision), .schedule = examples::lr_schedule(lr, steps)}),
+        runner(optimizer, {.precision = examples::dtype_of(settings.precision),
+                           .schedule = examples::lr_schedule(lr, steps),
+                           .fp8 = examples::fp8_of(settings)}),
         stages(model.stages(true)) {
     tape.manual_seed(seed);
   }
@@ -93,7 +94,7 @@ struct Training {
 
 /// Mean loss over fixed held-out windows (no graph recorded).
 double held_out_loss(tmem::Tape<B>& tape, const CharTransformer& model, const std::vector<std::int32_t>& ids,
-                     const std::vector<std::int64_t>& starts, std::int64_t batch) {
+                     const std::vector<std::int64_t>& starts, std::int64_t batch, tmem::amp::Fp8Scaling<B>* fp8) {
   const auto stages = model.stages(false);
   double total = 0.0;
   std::int64_t batches = 0;
@@ -103,7 +104,7 @@ double held_out_loss(tmem::Tape<B>& tape, const CharTransformer& model, const st
         starts.begin() + static_cast<std::ptrdiff_t>(std::min(starts.size(), begin + static_cast<std::size_t>(batch))));
     const Batch b = make_batch(ids, chunk, model.config().context);
     tmem::NoGradGuard no_grad;
-    const tmem::Tensor<B> logits = examples::infer(tape, model, stages, b.inputs);
+    const tmem::Tensor<B> logits = examples::infer(tape, model, stages, b.inputs, fp8);
     const tmem::Var<B> loss = tmem::cross_entropy(tape.input(logits), b.targets);
     total += loss.value().to_host<double>()[0];
     tape.clear();
@@ -113,7 +114,7 @@ double held_out_loss(tmem::Tape<B>& tape, const CharTransformer& model, const st
 
 /// Continues `prompt` by `count` characters: greedy at temperature 0, else sampled.
 std::string generate(tmem::Tape<B>& tape, const CharTransformer& model, const CharText& text, const std::string& prompt,
-                     std::int64_t count, double temperature, std::mt19937_64& rng) {
+                     std::int64_t count, double temperature, std::mt19937_64& rng, tmem::amp::Fp8Scaling<B>* fp8) {
   const auto stages = model.stages(false);
   const std::int64_t context = model.config().context;
   std::vector<std::int32_t> ids = text.encode(prompt);
@@ -126,7 +127,7 @@ std::string generate(tmem::Tape<B>& tape, const CharTransformer& model, const Ch
     const auto t = static_cast<std::int64_t>(window.size());
     tmem::Tensor<B> input = tmem::Tensor<B>::empty(tmem::Shape{1, t}, tmem::DType::I32);
     input.backend().upload(input.data(), window.data(), input.bytes());
-    const std::vector<float> logits = examples::infer(tape, model, stages, input).to_host();
+    const std::vector<float> logits = examples::infer(tape, model, stages, input, fp8).to_host();
     const float* last = logits.data() + (t - 1) * text.vocabulary();
     std::int32_t next = static_cast<std::int32_t>(std::max_element(last, last + text.vocabulary()) - last);
     if (temperature > 0.0) {
@@ -267,6 +268,7 @@ int main(int argc, char** argv) {
   double lr = 2e-3, weight_decay = 0.01, temperature = 0.7;
   std::uint64_t seed = 1;
   std::string prompt = "The ", precision = "fp32", checkpoint = "selective";
+  bool fp8 = false;
 
   CLI::App app{"Train a small character-level causal transformer on a text file and let it write."};
   app.option_defaults()->always_capture_default();
@@ -280,6 +282,7 @@ int main(int argc, char** argv) {
   app.add_option("--lr", lr, "peak learning rate (AdamW, warm-up then cosine)")->check(examples::kPositive);
   app.add_option("--weight-decay", weight_decay, "AdamW weight decay")->check(examples::kNonNegative);
   app.add_option("--precision", precision, "fp32, bf16 or fp16")->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  app.add_flag("--fp8", fp8, "linear's GEMMs in FP8 with delayed scaling (emulated on the CPU), on top of --precision");
   app.add_option("--checkpoint", checkpoint, "none, sqrt, every:K or selective (stages are the blocks)");
   app.add_option("--seed", seed, "seed of initialisation, batches and sampling");
   app.add_option("--log-every", log_every, "print the loss every N steps")->check(examples::kPositive);
@@ -301,6 +304,7 @@ int main(int argc, char** argv) {
     examples::MemorySettings settings;
     settings.precision = examples::parse_precision(precision);
     settings.checkpoint = examples::parse_checkpoint(checkpoint);
+    settings.fp8 = fp8;
     examples::require_available(settings);
 
     const CharText text(text_path);
@@ -382,7 +386,7 @@ int main(int argc, char** argv) {
         const double seconds = std::chrono::duration<double>(Clock::now() - window_start).count();
         std::printf("step %5lld  train loss %.4f  held-out loss %.4f  %.0f chars/s\n", static_cast<long long>(step + 1),
                     loss_sum / static_cast<double>(loss_count),
-                    held_out_loss(run.tape, run.model, text.ids(), held_out, batch),
+                    held_out_loss(run.tape, run.model, text.ids(), held_out, batch, run.runner.fp8()),
                     static_cast<double>(loss_count * batch * config.context) / seconds);
         std::fflush(stdout);
         loss_sum = 0.0;
@@ -397,7 +401,8 @@ int main(int argc, char** argv) {
     examples::print_memory_table(step_memory, settings.str(), plain_memory, plain.str() + " (plain)");
 
     std::mt19937_64 sample_rng(seed);
-    const std::string sample = generate(run.tape, run.model, text, prompt, sample_chars, temperature, sample_rng);
+    const std::string sample =
+        generate(run.tape, run.model, text, prompt, sample_chars, temperature, sample_rng, run.runner.fp8());
     std::printf("\nsample (temperature %g, seed %llu):\n%s%s\n", temperature, static_cast<unsigned long long>(seed),
                 prompt.c_str(), sample.c_str());
     std::printf("\nwall time %.1f s (training and held-out loss %.1f s)\n",

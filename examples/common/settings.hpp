@@ -127,11 +127,12 @@ struct MemorySettings {
   Precision precision = Precision::Fp32;
   CheckpointSchedule checkpoint;
   Device device = Device::Cpu;
+  bool fp8 = false;  // --fp8: linear's GEMMs in FP8 (delayed scaling) on top of bf16 / fp16
 
   /// The same model's plain step: FP32, every activation kept (the memory baseline).
-  MemorySettings plain() const { return {Precision::Fp32, {}, device}; }
+  MemorySettings plain() const { return {Precision::Fp32, {}, device, false}; }
   std::string str() const {
-    return std::string(name_of(precision)) + ", checkpoint " + name_of(checkpoint) + ", " +
+    return std::string(name_of(precision)) + (fp8 ? " + fp8" : "") + ", checkpoint " + name_of(checkpoint) + ", " +
            std::string(name_of(device));
   }
 };
@@ -142,6 +143,8 @@ struct MemorySettings {
 inline void require_available(const MemorySettings& s) {
   trainmem::require(s.checkpoint.kind != CheckpointSchedule::Kind::Every || s.checkpoint.every >= 1,
                     "--checkpoint every:K needs K >= 1, got ", s.checkpoint.every);
+  trainmem::require(!s.fp8 || s.precision != Precision::Fp32,
+                    "--fp8 runs on top of 16-bit autocast: add --precision bf16 (or fp16)");
   trainmem::require(s.device == Device::Cpu, "--device ", name_of(s.device),
                     ": this example runs on the CPU backend only so far; use --device cpu");
 }

@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -68,6 +69,13 @@ inline trainmem::DType dtype_of(Precision precision) {
   return trainmem::DType::F32;
 }
 
+/// The FP8 recipe of a run with --fp8 (TrainStepOptions::fp8): delayed scaling over a
+/// history of 16 steps, the max rule, no margin; none without it.
+inline std::optional<trainmem::amp::DelayedScaling> fp8_of(const MemorySettings& settings) {
+  if (!settings.fp8) return std::nullopt;
+  return trainmem::amp::DelayedScaling{};
+}
+
 /// What the progress line shows about precision: the loss scale and skipped steps under FP16.
 template <class B>
 std::string precision_status(const trainmem::amp::TrainStep<B>& step) {
@@ -109,14 +117,18 @@ trainmem::amp::StepReport<B> train_step(trainmem::Tape<B>& tape, const Model& mo
 }
 
 /// Evaluation: forward only, nothing recorded; `stages` should be built with training = false.
-/// With 16-bit model parameters (mixed precision) it runs under autocast to their dtype.
+/// With 16-bit model parameters (mixed precision) it runs under autocast to their dtype,
+/// and with `fp8` (a run trained with --fp8) its linears run in FP8 under the scales
+/// training reached (no-grad records no amax, so evaluation does not move them).
 template <class B, class Model>
 trainmem::Tensor<B> infer(trainmem::Tape<B>& tape, const Model& model, const std::vector<Stage<B>>& stages,
-                          const trainmem::Tensor<B>& input) {
+                          const trainmem::Tensor<B>& input, trainmem::amp::Fp8Scaling<B>* fp8 = nullptr) {
   trainmem::NoGradGuard no_grad;
   const trainmem::DType stored = model.parameters().front().dtype();
   trainmem::amp::Autocast autocast(trainmem::is_16bit(stored) ? stored : trainmem::DType::BF16,
                                    trainmem::is_16bit(stored));
+  std::optional<trainmem::amp::Fp8Autocast<B>> fp8_guard;
+  if (fp8 != nullptr && trainmem::is_16bit(stored)) fp8_guard.emplace(*fp8, stored);
   trainmem::Tensor<B> out = run_stages(stages, model.embed(tape, input), CheckpointSchedule{}).value();
   tape.clear();
   return out;

@@ -162,7 +162,8 @@ Model make_model(const Options& o) {
 
 /// Fraction of `set` classified correctly.
 template <class Model>
-double test_accuracy(tmem::Tape<B>& tape, const Model& model, const Dataset& set) {
+double test_accuracy(tmem::Tape<B>& tape, const Model& model, const Dataset& set,
+                     tmem::amp::Fp8Scaling<B>* fp8 = nullptr) {
   constexpr std::int64_t kEvalBatch = 1000;
   const auto stages = model.stages(false);
   std::vector<std::int64_t> indices(static_cast<std::size_t>(set.size()));
@@ -173,7 +174,7 @@ double test_accuracy(tmem::Tape<B>& tape, const Model& model, const Dataset& set
   for (std::int64_t begin = 0; begin < set.size(); begin += kEvalBatch) {
     const std::int64_t n = std::min(kEvalBatch, set.size() - begin);
     set.gather(indices.data() + begin, n, images, labels);
-    const std::vector<float> logits = examples::infer(tape, model, stages, model.input(images, n)).to_host();
+    const std::vector<float> logits = examples::infer(tape, model, stages, model.input(images, n), fp8).to_host();
     for (std::int64_t i = 0; i < n; ++i) {
       const float* row = logits.data() + i * examples::kClasses;
       correct += (std::max_element(row, row + examples::kClasses) - row) == labels[i];
@@ -210,7 +211,8 @@ examples::StepMemory measure_memory(const Options& o, const MemorySettings& sett
                                     bool record_timeline) {
   Model model = make_model<Model>(o);
   tmem::optim::AdamW<B> optimizer(model.parameters(), {.lr = o.lr, .weight_decay = o.weight_decay});
-  tmem::amp::TrainStep<B> precision(optimizer, {.precision = examples::dtype_of(settings.precision)});
+  tmem::amp::TrainStep<B> precision(
+      optimizer, {.precision = examples::dtype_of(settings.precision), .fp8 = examples::fp8_of(settings)});
   tmem::Tape<B> tape;
   std::vector<float> images;
   std::vector<std::int32_t> labels;
@@ -230,7 +232,8 @@ std::vector<tmem::Segment> plan_schedule(const Options& o, const Dataset& train,
                                          bool report = true) {
   Model model = make_model<Model>(o);
   tmem::optim::AdamW<B> optimizer(model.parameters(), {.lr = o.lr, .weight_decay = o.weight_decay});
-  tmem::amp::TrainStep<B> precision(optimizer, {.precision = examples::dtype_of(o.settings.precision)});
+  tmem::amp::TrainStep<B> precision(
+      optimizer, {.precision = examples::dtype_of(o.settings.precision), .fp8 = examples::fp8_of(o.settings)});
   tmem::Tape<B> tape;
   std::vector<float> images;
   std::vector<std::int32_t> labels;
@@ -332,7 +335,8 @@ int run(Options o, examples::FashionMnist data) {
   Epochs epochs(o, train.size());
   auto& [shuffle_rng, order, steps_per_epoch, total_steps] = epochs;
   tmem::amp::TrainStep<B> precision(optimizer, {.precision = examples::dtype_of(o.settings.precision),
-                                                .schedule = examples::lr_schedule(o.lr, total_steps)});
+                                                .schedule = examples::lr_schedule(o.lr, total_steps),
+                                                .fp8 = examples::fp8_of(o.settings)});
   tmem::Tape<B> tape;
   tape.manual_seed(o.seed);
 
@@ -396,8 +400,8 @@ int run(Options o, examples::FashionMnist data) {
   examples::print_memory_table(chosen_memory, o.settings.str(), plain_memory, plain.str() + " (plain)");
 
   std::filesystem::create_directories(o.out);
-  std::string tag = o.model + "_" + std::string(examples::name_of(o.settings.precision)) + "_" +
-                    examples::name_of(o.settings.checkpoint);
+  std::string tag = o.model + "_" + std::string(examples::name_of(o.settings.precision)) +
+                    (o.settings.fp8 ? "_fp8" : "") + "_" + examples::name_of(o.settings.checkpoint);
   std::replace(tag.begin(), tag.end(), ':', '-');
   const std::filesystem::path svg = o.out / ("memory_" + tag + ".svg");
   examples::write_memory_svg(chosen_memory, svg,
@@ -416,6 +420,7 @@ int run(Options o, examples::FashionMnist data) {
   const nlohmann::json results = {{"model", model.describe()},
                                   {"parameters", parameter_count},
                                   {"precision", examples::name_of(o.settings.precision)},
+                                  {"fp8", o.settings.fp8},
                                   {"checkpoint", examples::name_of(o.settings.checkpoint)},
                                   {"device", examples::name_of(o.settings.device)},
                                   {"batch", o.batch},
@@ -677,6 +682,8 @@ int main(int argc, char** argv) {
                  "none, sqrt, every:K, selective, or plan:F (the planner's fastest schedule within F x the plain "
                  "F32 step's peak; default: plan:0.45 for resmlp, sqrt otherwise)")
       ->default_str("");
+  app.add_flag("--fp8", o.settings.fp8,
+               "linear's GEMMs in FP8 with delayed scaling (emulated on the CPU), on top of --precision bf16/fp16");
   app.add_option("--device", device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--epochs", o.epochs, "epochs (default: 12 for resmlp, 5 for mlp, 15 for vit)")
       ->check(examples::kPositive)
@@ -734,6 +741,7 @@ int main(int argc, char** argv) {
     o.settings.checkpoint = examples::parse_checkpoint(checkpoint.empty() ? d.checkpoint : checkpoint);
     o.settings.device = examples::parse_device(device);
     examples::require_available(o.settings);
+    tmem::require(!o.settings.fp8 || o.zero < 0, "--fp8 with --zero: the sharded step does not run FP8 yet");
     examples::FashionMnist data = examples::load_fashion_mnist(o.data_dir);
     if (o.zero >= 0) {
 #ifdef TRAINMEM_WITH_MPI

@@ -99,11 +99,23 @@ class GradScaler {
     std::size_t next = 0;
     for (auto& e : optimizer.entries())
       if (e.param.grad().defined()) e.param.set_grad(grads[next++]);
+    grads.insert(grads.end(), checked_with_grads_.begin(), checked_with_grads_.end());
     check_grads(grads, scale_, record);
     for (auto& e : optimizer.entries())
       if (e.param.grad().defined()) e.param.set_grad_scaled(false);
     for (const Tensor<B>& g : grads) g.bump_version();
     record.stage = Stage::Unscaled;
+  }
+
+  /// Makes the next unscale_ or step check `flag` with the gradients: an inf or NaN in it
+  /// skips the step (and backs the scale off) like an overflowing gradient. For values
+  /// that overflowed where no gradient shows it: the FP8 recipe's amax probe
+  /// (Fp8Scaling::nonfinite_probe), since FP8 saturates an inf to a finite value. Until
+  /// the next update(). The disabled scaler ignores it.
+  void check_with_grads(Tensor<B> flag) {
+    if (!enabled_) return;
+    detail::check(flag.defined() && flag.dtype() == DType::F32, "GradScaler::check_with_grads: expected an f32 tensor");
+    checked_with_grads_.push_back(std::move(flag));
   }
 
   /// Steps `optimizer` unless its gradients hold an inf or NaN; returns whether it
@@ -151,6 +163,7 @@ class GradScaler {
     }
     backend_->update_scale(scale_, growth_tracker_, hysteresis_left_, *found_inf, options_.update_args());
     for (auto& [key, record] : records_) record.stage = Stage::Ready;
+    checked_with_grads_.clear();
   }
 
   /// Sets the scale to `new_scale` (no overflow rule applied) and starts a new step.
@@ -159,6 +172,7 @@ class GradScaler {
     GradScalerOptions::check_scale("GradScaler::update", "new_scale", new_scale);
     scale_.copy_from(scalar(DType::F32, new_scale));
     for (auto& [key, record] : records_) record.stage = Stage::Ready;
+    checked_with_grads_.clear();
   }
 
   /// The current scale (a host read: a device sync); 1 when disabled.
@@ -269,6 +283,7 @@ class GradScaler {
       if (!one_.defined()) one_ = scalar(DType::F32, 1.0);
       require_grads(grads);
       grads.push_back(scale_);  // an inf or NaN scale (written through scale_tensor()) skips the step too
+      grads.insert(grads.end(), checked_with_grads_.begin(), checked_with_grads_.end());
       check_grads(grads, one_, record);
       control.grad_divisor = scale_;
     }
@@ -280,6 +295,7 @@ class GradScaler {
   bool enabled_ = false;
   Tensor<B> scale_, growth_tracker_, hysteresis_left_, one_;
   std::unordered_map<std::uint64_t, Record> records_;  // by Optimizer::id()
+  std::vector<Tensor<B>> checked_with_grads_;          // check_with_grads' flags, until update()
 };
 
 // --- the scaler's state as a StateDict: its GradScalerState keys, as f64 scalars.

@@ -10,6 +10,14 @@
 //   f16   as bf16, plus a GradScaler: backward runs from the scaled loss, a step whose
 //         gradients hold an inf or NaN is skipped, and the scale backs off or grows.
 // Without master weights the parameters stay f32 and only the forward is autocast.
+// With `fp8` set (bf16 or f16 only), the forward runs under amp::Fp8Autocast: linear's
+// GEMMs take FP8 operands with delayed scaling (autocast/fp8_scaling.hpp) over every 2-D
+// parameter of the optimizer, and update() closes the FP8 step after the skip decision:
+// a stepped update folds the step's amaxes (the max over its micro-batches) into the
+// histories and makes new scales; a skipped one leaves histories and scales as they were.
+// A step with an inf or NaN amax is skipped (FP8 saturated the value that overflowed):
+// under f16 the scaler sees it with the gradients (GradScaler::check_with_grads) and
+// backs off; under bf16 it costs one host read of a flag per step.
 //
 // What a real loop adds around the step, in the order update() does it:
 //   schedule        optimizer.set_lr(schedule.lr(k)) with k = step_count(), the updates
@@ -42,13 +50,14 @@
 // Each phase marks itself on the backend's MemoryStats ("forward", "backward",
 // "optimizer"), so a recorded timeline shows where a step's bytes go.
 //
-// state() / load_state(): the masters, the scaler, the count of updates and of skipped
-// ones, so a TrainStep goes into trainmem::save / load (and a Planner's restore list)
+// state() / load_state(): the masters, the scaler, the FP8 scaling state, the count of
+// updates and of skipped ones, so a TrainStep goes into trainmem::save / load (and a Planner's restore list)
 // like the optimizer and the model beside it, which hold the rest of a run's state.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <type_traits>
 #include <utility>
@@ -57,6 +66,7 @@
 #include "trainmem/amp/grad_scaler.hpp"
 #include "trainmem/amp/master_weights.hpp"
 #include "trainmem/autocast/autocast.hpp"
+#include "trainmem/autocast/fp8_autocast.hpp"
 #include "trainmem/ops/elementwise.hpp"
 #include "trainmem/optim/clip_grad_norm.hpp"
 #include "trainmem/optim/lr_schedule.hpp"
@@ -74,6 +84,7 @@ struct TrainStepOptions {
   int micro_batches = 1;         // run(): this many forward + backward passes (loss / m each), one update
   double clip_grad_norm = 0.0;   // > 0: clip the global gradient norm to this after unscaling; 0: off
   std::optional<optim::LrSchedule> schedule{};  // set: the optimizer's lr is schedule.lr(step_count()) at each update
+  std::optional<DelayedScaling> fp8{};          // set (bf16 / f16): linear's GEMMs in FP8 with this recipe
 };
 
 /// \brief What one step did.
@@ -103,6 +114,11 @@ class TrainStep {
         options_(checked(options)),
         backend_(&backend),
         scaler_(options_.precision, options_.scaler, backend) {
+    if (options_.fp8) {
+      std::vector<Var<B>> params;
+      for (const auto& e : optimizer.entries()) params.push_back(e.param);
+      fp8_ = std::make_unique<Fp8Scaling<B>>(params, *options_.fp8, backend);
+    }
     if (!is_16bit(options_.precision) || !options_.master_weights) return;
     std::vector<Var<B>> params;
     for (std::size_t i = 0; i < optimizer.entries().size(); ++i) {
@@ -120,6 +136,10 @@ class TrainStep {
   Var<B> forward(Forward&& forward) {
     backend_->memory().mark("forward");
     if (!is_16bit(options_.precision)) return std::forward<Forward>(forward)();
+    if (fp8_) {
+      Fp8Autocast<B> autocast(*fp8_, options_.precision);
+      return std::forward<Forward>(forward)();
+    }
     Autocast autocast(options_.precision);
     return std::forward<Forward>(forward)();
   }
@@ -143,19 +163,27 @@ class TrainStep {
     if (options_.schedule) optimizer_->set_lr(options_.schedule->lr(steps_));
     last_lr_ = optimizer_->lr();
     last_grad_norm_.reset();
+    Tensor<B> fp8_probe;
+    if (fp8_) {
+      fp8_probe = fp8_->nonfinite_probe();
+      scaler_.check_with_grads(fp8_probe);  // a disabled scaler ignores it: read below
+    }
     if (options_.clip_grad_norm > 0.0) {
       scaler_.unscale_(*optimizer_);  // the true gradients (nothing to do when not scaling)
       last_grad_norm_ = optim::clip_grad_norm(*optimizer_, options_.clip_grad_norm);
     }
     bool stepped = true;
     try {
-      stepped = scaler_.step(*optimizer_);
+      if (fp8_ && !scaler_.is_enabled() && fp8_probe.template to_host<float>()[0] != 0.0f) stepped = false;
+      else stepped = scaler_.step(*optimizer_);
     } catch (const CopyOverflowError&) {
+      if (fp8_) fp8_->update(true);  // the step was taken
       scaler_.update();
       optimizer_->zero_grad();
       ++steps_;
       throw;
     }
+    if (fp8_) fp8_->update(stepped);  // after the skip decision: a skipped step leaves the scales
     scaler_.update();
     optimizer_->zero_grad();
     ++steps_;
@@ -212,10 +240,13 @@ class TrainStep {
   std::optional<double> last_grad_norm() const { return last_grad_norm_; }
   GradScaler<B>& scaler() { return scaler_; }
   const GradScaler<B>& scaler() const { return scaler_; }
+  /// The FP8 scaling state (null without options().fp8).
+  Fp8Scaling<B>* fp8() const { return fp8_.get(); }
   /// The f32 masters (none under f32 or without master weights).
   const std::optional<MasterWeights<B>>& master_weights() const { return masters_; }
 
-  /// The masters ("masters.*", absent without them), the scaler ("scaler.*"), "steps"
+  /// The masters ("masters.*", absent without them), the scaler ("scaler.*"), the FP8
+  /// scaling state ("fp8.*", with options().fp8 only), "steps"
   /// (step_count(), the schedule's index) and "skipped_steps". Taken between steps: the
   /// gradients of a step part way through its micro-batches are not in it. The
   /// optimizer and the model's parameters are saved on their own.
@@ -223,6 +254,7 @@ class TrainStep {
     StateDict out;
     if (masters_) out.insert("masters", masters_->state());
     out.insert("scaler", trainmem::state_of(scaler_));
+    if (fp8_) out.insert("fp8", fp8_->state());
     out.set_i64("steps", steps_);
     out.set_i64("skipped_steps", skipped_);
     return out;
@@ -231,7 +263,8 @@ class TrainStep {
   void check_state(const StateDict& state) const {
     StateDict rest;
     for (const auto& [name, entry] : state)
-      if (!StateDict::is_under(name, "scaler") && !(masters_ && StateDict::is_under(name, "masters")))
+      if (!StateDict::is_under(name, "scaler") && !(masters_ && StateDict::is_under(name, "masters")) &&
+          !(fp8_ && StateDict::is_under(name, "fp8")))
         rest.set(name, entry);
     check_layout(rest, {{"steps", {StateType::I64, Shape{}}}, {"skipped_steps", {StateType::I64, Shape{}}}},
                  "amp::TrainStep::load_state");
@@ -240,6 +273,7 @@ class TrainStep {
                             " of steps ", steps, ", expected 0 <= skipped_steps <= steps");
     if (masters_) masters_->check_state(state.sub("masters"));
     trainmem::check_state(scaler_, state.sub("scaler"));
+    if (fp8_) fp8_->check_state(state.sub("fp8"));
   }
   /// Restores a state() (after check_state: on error nothing changes). As with
   /// MasterWeights::load_state, the model copies are the model's state: load it too.
@@ -247,6 +281,7 @@ class TrainStep {
     check_state(state);
     if (masters_) masters_->load_state(state.sub("masters"));
     trainmem::load_state(scaler_, state.sub("scaler"));
+    if (fp8_) fp8_->load_state(state.sub("fp8"));
     steps_ = state.get_i64("steps");
     skipped_ = state.get_i64("skipped_steps");
   }
@@ -255,6 +290,9 @@ class TrainStep {
   static TrainStepOptions checked(const TrainStepOptions& options) {
     trainmem::detail::check(options.precision == DType::F32 || is_16bit(options.precision),
                             "amp::TrainStep: the precision must be f32, bf16 or f16, got ", options.precision);
+    trainmem::detail::check(!options.fp8 || is_16bit(options.precision),
+                            "amp::TrainStep: fp8 runs on top of bf16 or f16 autocast; the precision is ",
+                            options.precision);
     trainmem::detail::check(options.micro_batches >= 1, "amp::TrainStep: micro_batches must be >= 1, got ",
                             options.micro_batches);
     trainmem::detail::check(std::isfinite(options.clip_grad_norm) && options.clip_grad_norm >= 0.0,
@@ -268,8 +306,9 @@ class TrainStep {
   B* backend_;
   GradScaler<B> scaler_;
   std::optional<MasterWeights<B>> masters_;
-  std::int64_t steps_ = 0;    // updates run, taken or skipped
-  std::int64_t skipped_ = 0;  // of those, skipped by the scaler
+  std::unique_ptr<Fp8Scaling<B>> fp8_;  // a unique_ptr: regions of a live graph point at it
+  std::int64_t steps_ = 0;              // updates run, taken or skipped
+  std::int64_t skipped_ = 0;            // of those, skipped by the scaler
   double last_lr_ = 0.0;
   std::optional<double> last_grad_norm_;
 };

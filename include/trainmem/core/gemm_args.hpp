@@ -22,4 +22,22 @@ struct GemmArgs {
   double flops() const { return 2.0 * static_cast<double>(batch) * m * n * k; }
 };
 
+namespace detail {
+/// The arguments of c = op(a) op(b) for [batch] stacks of contiguous matrices.
+inline GemmArgs gemm_args(bool trans_a, bool trans_b, std::int64_t batch, std::int64_t m, std::int64_t n,
+                          std::int64_t k) {
+  GemmArgs args;
+  args.batch = batch;
+  args.m = m;
+  args.n = n;
+  args.k = k;
+  args.trans_a = trans_a;
+  args.trans_b = trans_b;
+  args.stride_a = m * k;
+  args.stride_b = k * n;
+  args.stride_c = m * n;
+  return args;
+}
+}  // namespace detail
+
 }  // namespace trainmem

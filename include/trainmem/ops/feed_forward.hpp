@@ -24,6 +24,10 @@
 // rows) accumulate over the chunks in the accumulator dtype (f32 for 16-bit) and are
 // rounded once at the end, as one product would round them. Only the order of the
 // f32 sums over row chunks differs from the one-product form.
+//
+// Under amp::Fp8Autocast with both weights in the active Fp8Scaling, the op runs as the
+// three ops linear -> gelu -> linear, so its GEMMs take FP8 operands like every other
+// linear (ops/fp8_linear.hpp); the FP8 linears keep 1-byte inputs instead.
 #pragma once
 
 #include <algorithm>
@@ -157,6 +161,8 @@ Var<B> feed_forward(const Var<B>& x, const Var<B>& w_up, const Var<B>& b_up, con
   if (has_b_down)
     detail::check(b_down.shape() == Shape{w_down.shape()[0]}, "feed_forward: b_down ", b_down.shape(), " should be [",
                   w_down.shape()[0], "]");
+  if (detail::fp8_runs(x, w_up) && detail::fp8_runs(x, w_down))
+    return linear(gelu(linear(x, w_up, b_up), approximation), w_down, b_down);
   const std::int64_t rows = x.value().rows(), dim = w_up.shape()[1], hidden = w_up.shape()[0];
   const std::int64_t out_features = w_down.shape()[0];
   auto dims = x.shape().dims();

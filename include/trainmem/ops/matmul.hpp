@@ -3,11 +3,14 @@
 // All three are one GEMM call forward and two backward (dA = dC op(B)^T, dB =
 // op(A)^T dC, with the transposes folded into the GEMM flags, never materialised).
 // They are the LowerPrecision autocast category and the Matmul kind: selective
-// checkpoint policies keep their outputs because they dominate recompute cost.
+// checkpoint policies keep their outputs because they dominate recompute cost. Under
+// amp::Fp8Autocast, linear with a registered weight runs its GEMMs in FP8
+// (ops/fp8_linear.hpp); matmul and bmm stay in the 16-bit autocast dtype.
 #pragma once
 
 #include "trainmem/core/backend_contract.hpp"
 #include "trainmem/core/gemm_args.hpp"
+#include "trainmem/ops/fp8_linear.hpp"
 #include "trainmem/ops/op_helpers.hpp"
 
 namespace trainmem {
@@ -17,22 +20,6 @@ namespace detail {
 inline constexpr OpInfo kMatmulOp{"matmul", OpKind::Matmul, AutocastCategory::LowerPrecision};
 inline constexpr OpInfo kBmmOp{"bmm", OpKind::Matmul, AutocastCategory::LowerPrecision};
 inline constexpr OpInfo kLinearOp{"linear", OpKind::Matmul, AutocastCategory::LowerPrecision};
-
-/// The arguments of c = op(a) op(b) for [batch] stacks of contiguous matrices.
-inline GemmArgs gemm_args(bool trans_a, bool trans_b, std::int64_t batch, std::int64_t m, std::int64_t n,
-                          std::int64_t k) {
-  GemmArgs args;
-  args.batch = batch;
-  args.m = m;
-  args.n = n;
-  args.k = k;
-  args.trans_a = trans_a;
-  args.trans_b = trans_b;
-  args.stride_a = m * k;
-  args.stride_b = k * n;
-  args.stride_c = m * n;
-  return args;
-}
 
 /// c = op(a) op(b) for [batch] stacks of contiguous matrices.
 template <class B>
@@ -178,6 +165,16 @@ Var<B> linear(const Var<B>& x, const Var<B>& weight, const Var<B>& bias = Var<B>
 
   using Inputs = typename OpRecorder<B>::Inputs;
   OpRecorder<B> rec(info, has_bias ? Inputs{x, weight, bias} : Inputs{x, weight}, 2.0 * rows * in * out_features);
+  if constexpr (HasFp8<B>) {
+    if (const amp::Fp8Context<B>* fp8 = rec.fp8()) {
+      if (const std::optional<std::size_t> w = fp8->scaling->find_weight(weight.value()))
+        return detail::linear_fp8(rec, *fp8, *w, x, weight, has_bias, out_shape);
+      detail::check(weight.tape() != nullptr || !weight.requires_grad(), "linear: weight '", weight.name(), "' ",
+                    weight.shape(),
+                    " is a parameter the active amp::Fp8Scaling does not hold (construct it from "
+                    "every parameter of the model)");
+    }
+  }
   const DType dtype = rec.compute_dtype();
   const Tensor<B>& tx = rec.input(0);
   const Tensor<B>& tw = rec.input(1);

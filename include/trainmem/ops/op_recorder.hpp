@@ -10,7 +10,11 @@
 //  - checkpointing: under a region's SaveHook, `compute(f)` may hand back outputs the
 //    region kept instead of running f, and `save(t)` packs through the hook;
 //  - autograd: `finish(output, backward)` records a Node whose edges route each
-//    input's gradient, and returns the output Var.
+//    input's gradient, and returns the output Var;
+//  - FP8: `fp8()` is the thread's FP8 context when this op's GEMM is to run in FP8 (a
+//    matmul-class op computing in the autocast dtype under amp::Fp8Autocast), else null;
+//    `fp8_records_amax()` says whether its quantizations observe amax (only while
+//    recording: a no-grad evaluation or a region's recompute observes nothing).
 // With grad mode off or no input requiring grad, nothing is saved or recorded.
 //
 // NOTE [Save order]
@@ -33,6 +37,7 @@
 
 #include "trainmem/autocast/autocast.hpp"
 #include "trainmem/autocast/cast_cache.hpp"
+#include "trainmem/autocast/fp8_autocast.hpp"
 #include "trainmem/autograd/tape.hpp"
 
 namespace trainmem {
@@ -70,6 +75,18 @@ class OpRecorder {
     detail::check(i < inputs_.size(), op_.name, ": input ", i, " of ", inputs_.size());
     return *inputs_[i];
   }
+
+  /// The FP8 context this op's GEMM runs under, or null when it runs in compute_dtype().
+  const amp::Fp8Context<B>* fp8() const {
+    const amp::Fp8Context<B>& context = amp::fp8_context<B>();
+    const amp::AutocastState& autocast = amp::autocast_state();
+    if (!context.active() || !autocast.enabled || autocast.category_of(op_) != AutocastCategory::LowerPrecision ||
+        compute_dtype_ != autocast.dtype)
+      return nullptr;
+    return &context;
+  }
+  /// Whether this op's FP8 quantizations record amax (the context's say, while recording).
+  bool fp8_records_amax() const { return records_ && amp::fp8_context<B>().record_amax; }
 
   /// Input i in the compute dtype. Parameters are cast once through the cast cache.
   const Tensor<B>& input(std::size_t i) {
