@@ -2,11 +2,13 @@
 //
 // A stack of nn::TransformerBlock (pre-LN GPT-2 blocks: dim 768, 12 heads, MLP 3072,
 // 1024 tokens per sequence, batch 8, 6 blocks by default) runs one full step —
-// forward, mean loss, backward, AdamW — in two precisions and three schedules:
+// forward, mean loss, backward, AdamW — in three precisions and three schedules:
 //   precision  f32: f32 parameters and activations, f32 GEMMs without TF32;
 //              bf16: f32 parameters with the forward under autocast (amp::TrainStep
 //              without master weights: bf16 GEMMs with f32 accumulation, f32
 //              softmax/norms/loss, weights cast once per step);
+//              fp8: bf16 with linear's GEMMs in FP8 (TrainStepOptions::fp8, delayed
+//              scaling: E4M3 weights and inputs, E5M2 gradients, cuBLASLt FP8 GEMMs);
 //   schedule   plain: every activation kept for backward;
 //              full: each block a checkpoint region that keeps nothing (full recompute);
 //              selective: regions keeping matmul outputs (policy::save_matmuls).
@@ -91,6 +93,16 @@ Config parse(int argc, char** argv) {
   return c;
 }
 
+enum class Precision { F32, BF16, FP8 };
+const char* name_of(Precision p) {
+  switch (p) {
+    case Precision::F32: return "f32";
+    case Precision::BF16: return "bf16";
+    case Precision::FP8: return "fp8";
+  }
+  return "?";
+}
+
 enum class Schedule { Plain, Full, Selective };
 const char* name_of(Schedule s) {
   switch (s) {
@@ -117,7 +129,7 @@ Var run_blocks(Schedule schedule, tmem::Tape<Gpu>& tape, const std::vector<tmem:
 
 /// One model, optimizer and input per configuration; all start from the same seeds.
 struct Run {
-  tmem::DType precision;
+  Precision precision;
   Schedule schedule;
   std::vector<tmem::nn::TransformerBlock<Gpu>> blocks;
   std::unique_ptr<tmem::optim::AdamW<Gpu>> optimizer;
@@ -128,7 +140,7 @@ struct Run {
   tmem::PeakBytes peak;  // the largest of every step's peaks
 };
 
-std::unique_ptr<Run> make_run(const Config& c, tmem::DType precision, Schedule schedule, const std::vector<float>& x) {
+std::unique_ptr<Run> make_run(const Config& c, Precision precision, Schedule schedule, const std::vector<float>& x) {
   auto run = std::make_unique<Run>();
   run->precision = precision;
   run->schedule = schedule;
@@ -139,8 +151,10 @@ std::unique_ptr<Run> make_run(const Config& c, tmem::DType precision, Schedule s
   for (const auto& block : run->blocks)
     for (const auto& p : block.parameters()) params.push_back(p);
   run->optimizer = std::make_unique<tmem::optim::AdamW<Gpu>>(params, tmem::optim::AdamWOptions{3e-4});
-  run->train = std::make_unique<tmem::amp::TrainStep<Gpu>>(
-      *run->optimizer, tmem::amp::TrainStepOptions{.precision = precision, .master_weights = false});
+  tmem::amp::TrainStepOptions options{.precision = precision == Precision::F32 ? tmem::DType::F32 : tmem::DType::BF16,
+                                      .master_weights = false};
+  if (precision == Precision::FP8) options.fp8 = tmem::amp::DelayedScaling{};
+  run->train = std::make_unique<tmem::amp::TrainStep<Gpu>>(*run->optimizer, options);
   run->input = TensorT::from_host(tmem::Shape{c.batch, c.seq, c.dim}, x, tmem::DType::F32);
   return run;
 }
@@ -183,7 +197,7 @@ double step(Run& run, bool record) {
 /// forward and backward, and around the optimizer's update), after two warm-up steps.
 std::vector<tmem::OpTimeRow> op_profile(const Config& c, const std::vector<float>& x) {
   Gpu& gpu = Gpu::default_instance();
-  auto run = make_run(c, tmem::DType::BF16, Schedule::Plain, x);
+  auto run = make_run(c, Precision::BF16, Schedule::Plain, x);
   for (int w = 0; w < 2; ++w) step(*run, false);
   gpu.synchronize();
   tmem::OpTimes<Gpu> times(gpu);
@@ -277,12 +291,12 @@ int main(int argc, char** argv) {
     // One configuration at a time, so each one's peaks hold its own bytes only: its model,
     // gradients and optimizer state, its activations, and the backend's GEMM workspace.
     std::vector<std::unique_ptr<Run>> runs;
-    for (tmem::DType precision : {tmem::DType::F32, tmem::DType::BF16})
+    for (Precision precision : {Precision::F32, Precision::BF16, Precision::FP8})
       for (Schedule schedule : {Schedule::Plain, Schedule::Full, Schedule::Selective}) {
         auto run = make_run(c, precision, schedule, x);
         for (int w = 0; w < c.warmup; ++w) step(*run, w == 0);
         for (int s = 0; s < c.steps; ++s) run->step_ms.push_back(step(*run, false));
-        std::printf("  %-5s %-9s %8.2f ms\n", std::string(tmem::name_of(precision)).c_str(), name_of(schedule),
+        std::printf("  %-5s %-9s %8.2f ms\n", name_of(precision), name_of(schedule),
                     benchmarks::median(run->step_ms));
         std::fflush(stdout);
         run->blocks.clear();  // free the model and its optimizer state before the next one
@@ -294,7 +308,7 @@ int main(int argc, char** argv) {
         runs.push_back(std::move(run));
       }
 
-    auto find = [&](tmem::DType p, Schedule s) -> const Run& {
+    auto find = [&](Precision p, Schedule s) -> const Run& {
       for (const auto& run : runs)
         if (run->precision == p && run->schedule == s) return *run;
       throw tmem::Error("no such run");
@@ -307,8 +321,9 @@ int main(int argc, char** argv) {
       consistent = consistent && loss_diff == 0.0 && norm_diff <= 1e-6 && std::isfinite(run->first_grad_norm2);
     }
 
-    const double f32_plain = benchmarks::median(find(tmem::DType::F32, Schedule::Plain).step_ms);
-    const double bf16_plain = benchmarks::median(find(tmem::DType::BF16, Schedule::Plain).step_ms);
+    const double f32_plain = benchmarks::median(find(Precision::F32, Schedule::Plain).step_ms);
+    const double bf16_plain = benchmarks::median(find(Precision::BF16, Schedule::Plain).step_ms);
+    const double fp8_plain = benchmarks::median(find(Precision::FP8, Schedule::Plain).step_ms);
     const double f32_attention = attention_ms(c, tmem::DType::F32, engine);
     const double bf16_attention = attention_ms(c, tmem::DType::BF16, engine);
     const tmem::cuda::AttentionPaths& paths = gpu.attention_paths();
@@ -324,6 +339,7 @@ int main(int argc, char** argv) {
           << ", \"dropout\": " << c.dropout << ", \"steps\": " << c.steps << ", \"warmup\": " << c.warmup
           << "},\n  \"first_steps_consistent\": " << (consistent ? "true" : "false")
           << ",\n  \"bf16_speedup_over_f32\": " << f32_plain / bf16_plain
+          << ",\n  \"fp8_speedup_over_bf16\": " << bf16_plain / fp8_plain
           << ",\n  \"attention_fwd_bwd_ms_per_block\": {\"f32\": " << f32_attention << ", \"bf16\": " << bf16_attention
           << "},\n  \"attention_paths\": {\"cudnn_forward\": " << paths.cudnn_forward
           << ", \"cudnn_backward\": " << paths.cudnn_backward << ", \"kernel_forward\": " << paths.kernel_forward
@@ -339,7 +355,7 @@ int main(int argc, char** argv) {
       for (std::size_t i = 0; i < runs.size(); ++i) {
         const Run& r = *runs[i];
         const double plain = benchmarks::median(find(r.precision, Schedule::Plain).step_ms);
-        out << "    {\"precision\": \"" << tmem::name_of(r.precision) << "\", \"schedule\": \"" << name_of(r.schedule)
+        out << "    {\"precision\": \"" << name_of(r.precision) << "\", \"schedule\": \"" << name_of(r.schedule)
             << "\", \"median_ms\": " << benchmarks::median(r.step_ms)
             << ", \"over_plain\": " << benchmarks::median(r.step_ms) / plain << ", \"step_ms\": [";
         for (std::size_t s = 0; s < r.step_ms.size(); ++s) out << (s ? ", " : "") << r.step_ms[s];
@@ -364,13 +380,15 @@ int main(int argc, char** argv) {
       const Run& r = *run;
       const double plain = benchmarks::median(find(r.precision, Schedule::Plain).step_ms);
       const auto cat = [&](tmem::MemCategory k) { return r.peak[k]; };
-      std::printf("%-5s %-9s %10.2f %8.3f %12.2f %12.2f %12.2f\n", std::string(tmem::name_of(r.precision)).c_str(),
+      std::printf("%-5s %-9s %10.2f %8.3f %12.2f %12.2f %12.2f\n", name_of(r.precision),
                   name_of(r.schedule), benchmarks::median(r.step_ms), benchmarks::median(r.step_ms) / plain,
                   gib(r.peak.total), gib(cat(tmem::MemCategory::SavedActivation)),
                   gib(cat(tmem::MemCategory::Parameter) + cat(tmem::MemCategory::OptimizerState)));
     }
-    std::printf("bf16 speed-up over f32 (plain): %.2fx; first steps consistent across schedules: %s\n",
-                f32_plain / bf16_plain, consistent ? "yes" : "NO");
+    std::printf(
+        "bf16 speed-up over f32 (plain): %.2fx; fp8 speed-up over bf16 (plain): %.2fx; first steps consistent across "
+        "schedules: %s\n",
+        f32_plain / bf16_plain, bf16_plain / fp8_plain, consistent ? "yes" : "NO");
     std::printf(
         "fused attention alone, forward + backward per block: f32 %.2f ms, bf16 %.2f ms; x %lld blocks = %.0f%% "
         "(f32) and %.0f%% (bf16) of the plain step\n",
