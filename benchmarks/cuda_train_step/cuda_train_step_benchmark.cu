@@ -296,8 +296,7 @@ int main(int argc, char** argv) {
         auto run = make_run(c, precision, schedule, x);
         for (int w = 0; w < c.warmup; ++w) step(*run, w == 0);
         for (int s = 0; s < c.steps; ++s) run->step_ms.push_back(step(*run, false));
-        std::printf("  %-5s %-9s %8.2f ms\n", name_of(precision), name_of(schedule),
-                    benchmarks::median(run->step_ms));
+        std::printf("  %-5s %-9s %8.2f ms\n", name_of(precision), name_of(schedule), benchmarks::median(run->step_ms));
         std::fflush(stdout);
         run->blocks.clear();  // free the model and its optimizer state before the next one
         run->train.reset();
@@ -380,9 +379,9 @@ int main(int argc, char** argv) {
       const Run& r = *run;
       const double plain = benchmarks::median(find(r.precision, Schedule::Plain).step_ms);
       const auto cat = [&](tmem::MemCategory k) { return r.peak[k]; };
-      std::printf("%-5s %-9s %10.2f %8.3f %12.2f %12.2f %12.2f\n", name_of(r.precision),
-                  name_of(r.schedule), benchmarks::median(r.step_ms), benchmarks::median(r.step_ms) / plain,
-                  gib(r.peak.total), gib(cat(tmem::MemCategory::SavedActivation)),
+      std::printf("%-5s %-9s %10.2f %8.3f %12.2f %12.2f %12.2f\n", name_of(r.precision), name_of(r.schedule),
+                  benchmarks::median(r.step_ms), benchmarks::median(r.step_ms) / plain, gib(r.peak.total),
+                  gib(cat(tmem::MemCategory::SavedActivation)),
                   gib(cat(tmem::MemCategory::Parameter) + cat(tmem::MemCategory::OptimizerState)));
     }
     std::printf(
