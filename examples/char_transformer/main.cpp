@@ -217,7 +217,7 @@ int run_sharded(const ShardedRun& r, const ModelConfig& config, const CharText& 
     if ((step + 1) % r.log_every == 0 || step + 1 == r.steps) {
       sharded.gather_all();  // a collective: every rank, so rank 0 evaluates the whole model
       if (lead) {
-        held = held_out_loss(tape, model, text.ids(), held_out, r.batch);
+        held = held_out_loss(tape, model, text.ids(), held_out, r.batch, nullptr);  // --fp8 is refused with --zero
         std::printf("step %5lld  train loss %.4f (rank 0)  held-out loss %.4f  %s\n", static_cast<long long>(step + 1),
                     loss_sum / static_cast<double>(loss_count), held, sharded.status().c_str());
         std::fflush(stdout);
@@ -249,7 +249,8 @@ int run_sharded(const ShardedRun& r, const ModelConfig& config, const CharText& 
   sharded.gather_all();
   if (lead) {
     std::mt19937_64 sample_rng(r.seed);
-    const std::string sample = generate(tape, model, text, r.prompt, r.sample_chars, r.temperature, sample_rng);
+    const std::string sample =
+        generate(tape, model, text, r.prompt, r.sample_chars, r.temperature, sample_rng, nullptr);
     std::printf("\nsample (temperature %g, seed %llu):\n%s%s\n", r.temperature, static_cast<unsigned long long>(r.seed),
                 r.prompt.c_str(), sample.c_str());
     std::printf("\nheld-out loss %.4f after %lld steps (ZeRO-%d, %d ranks); training %.1f s\n", held,
