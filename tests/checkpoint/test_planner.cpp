@@ -55,28 +55,49 @@ ChainProfile random_profile(std::int64_t n, std::mt19937_64& rng, bool with_offl
 
 /// Every schedule of stages [0, n): Keep, Selective, SaveAttention or (with_offload)
 /// Offload per stage, a Recompute region of any length, or a Nested region of two stages
-/// or more.
+/// or more; with_hold: each segment held or not.
 void enumerate(std::int64_t begin, std::int64_t n, bool with_offload, std::vector<Segment>& prefix,
-               const std::function<void(const std::vector<Segment>&)>& visit) {
+               const std::function<void(const std::vector<Segment>&)>& visit, bool with_hold = false) {
   if (begin == n) {
     visit(prefix);
     return;
   }
+  const auto go = [&](Segment s) {
+    for (const bool hold : {false, true}) {
+      if (hold && !with_hold) continue;
+      s.hold = hold;
+      prefix.push_back(s);
+      enumerate(s.end, n, with_offload, prefix, visit, with_hold);
+      prefix.pop_back();
+    }
+  };
   for (const StageMode one : {StageMode::Keep, StageMode::Selective, StageMode::SaveAttention, StageMode::Offload}) {
     if (one == StageMode::Offload && !with_offload) continue;
-    prefix.push_back({begin, begin + 1, one});
-    enumerate(begin + 1, n, with_offload, prefix, visit);
-    prefix.pop_back();
+    go({begin, begin + 1, one});
   }
   for (std::int64_t end = begin + 1; end <= n; ++end) {
-    prefix.push_back({begin, end, StageMode::Recompute});
-    enumerate(end, n, with_offload, prefix, visit);
-    prefix.pop_back();
-    if (end - begin < 2) continue;
-    prefix.push_back({begin, end, StageMode::Nested});
-    enumerate(end, n, with_offload, prefix, visit);
-    prefix.pop_back();
+    go({begin, end, StageMode::Recompute});
+    if (end - begin >= 2) go({begin, end, StageMode::Nested});
   }
+}
+
+/// `p` with a StageHold's prices: each stage holds `extra` bytes more from forward to
+/// backward in every mode (freed in backward) and its backward changes by a random time.
+ChainProfile with_holds(ChainProfile p, std::mt19937_64& rng) {
+  std::uniform_int_distribution<std::int64_t> extra(1, 15), peak(-6, 6);
+  std::uniform_real_distribution<double> faster(-3.0, 1.0);
+  p.held = p.stages;
+  for (StageCosts& s : p.held) {
+    const std::int64_t bytes = extra(rng), bwd_peak = peak(rng);
+    const double ms = faster(rng);
+    for (int m = 0; m < kStageModes; ++m) {
+      s.bwd_ms[m] = std::max(0.0, s.bwd_ms[m] + ms);
+      s.kept[m][0] += bytes;  // the whole-step channel only: what is held is no activation
+      s.bwd_peak[m][0] += bwd_peak;
+      s.bwd_change[m][0] -= bytes;
+    }
+  }
+  return p;
 }
 
 SolverOptions exact_solver() {
@@ -154,6 +175,45 @@ TEST_CASE("the planner's dynamic program finds the optimum of all schedules (ran
       }
     }
   }
+}
+
+TEST_CASE(
+    "with a StageHold the dynamic program finds the optimum of all schedules, each segment held or not "
+    "(random chains, N <= 6)",
+    "[checkpoint][planner]") {
+  std::mt19937_64 rng(20261206);
+  int holding_plans = 0;
+  for (std::int64_t n = 1; n <= 6; ++n) {
+    for (int trial = 0; trial < 3; ++trial) {
+      const ChainProfile p = with_holds(random_profile(n, rng, false), rng);
+      for (int c = 0; c < kMemChannels; ++c) {
+        std::vector<PlanPrediction> all;
+        std::vector<Segment> prefix;
+        enumerate(
+            0, n, false, prefix, [&](const std::vector<Segment>& s) { all.push_back(predict(p, s)); }, true);
+        std::int64_t least = std::numeric_limits<std::int64_t>::max(), most = 0;
+        for (const auto& a : all) least = std::min(least, a.peak[c]), most = std::max(most, a.peak[c]);
+        CHECK(smallest_budget(p, static_cast<MemChannel>(c), exact_solver()) == least);
+        for (std::int64_t budget : {least, (least + most) / 2, (3 * least + most) / 4, most}) {
+          double best = std::numeric_limits<double>::infinity();
+          for (const auto& a : all)
+            if (a.peak[c] <= budget) best = std::min(best, a.ms);
+          const PlanSolution s = solve_chain(p, static_cast<MemChannel>(c), budget, exact_solver());
+          INFO("n " << n << " channel " << c << " budget " << budget << " (least " << least << ")");
+          REQUIRE(s.feasible);
+          CHECK(s.prediction.peak[c] <= budget);
+          CHECK(s.prediction.ms == Approx(best).epsilon(1e-12));
+          for (const Segment& segment : s.segments) holding_plans += segment.hold ? 1 : 0;
+          // Without holds allowed, the plan is the best unheld one.
+          SolverOptions no_hold = exact_solver();
+          no_hold.allow_hold = false;
+          for (const Segment& segment : solve_chain(p, static_cast<MemChannel>(c), budget, no_hold).segments)
+            CHECK_FALSE(segment.hold);
+        }
+      }
+    }
+  }
+  CHECK(holding_plans > 0);  // the random prices make holding worth it somewhere
 }
 
 TEST_CASE("an impossible budget throws an error naming the smallest feasible budget and the model state",

@@ -16,7 +16,8 @@
 // the user's name for the model: its architecture, sizes and batch shape; the stages
 // themselves are functions, with nothing to compare) and the same number of
 // micro-batches (its predicted peak counts them); budget, prediction and per-segment
-// figures are what the planner predicted when it made the plan.
+// figures are what the planner predicted when it made the plan. A segment whose stages
+// hold (StageHold, checkpoint/stage_hold.hpp) carries "hold": true; without it, false.
 #pragma once
 
 #include <array>
@@ -85,10 +86,10 @@ struct PlanRecord {
                           ", \"bytes\": ", budget.bytes, "},\n");
     out += "  \"segments\": [";
     for (std::size_t i = 0; i < segments.size(); ++i)
-      out +=
-          detail::concat(i == 0 ? "\n" : ",\n", "    {\"begin\": ", segments[i].begin, ", \"end\": ", segments[i].end,
-                         ", \"mode\": ", js::quoted(name_of(segments[i].mode)), ", \"kept_bytes\": ", segment_kept[i],
-                         ", \"ms\": ", js::number(segment_ms[i], "segments.ms"), "}");
+      out += detail::concat(
+          i == 0 ? "\n" : ",\n", "    {\"begin\": ", segments[i].begin, ", \"end\": ", segments[i].end,
+          ", \"mode\": ", js::quoted(name_of(segments[i].mode)), ", \"kept_bytes\": ", segment_kept[i],
+          ", \"ms\": ", js::number(segment_ms[i], "segments.ms"), segments[i].hold ? ", \"hold\": true}" : "}");
     out += "\n  ],\n";
     out += detail::concat("  \"prediction\": ", peaks(prediction.peak, prediction.ms, "prediction.ms"), ",\n");
     out += detail::concat("  \"model_state_bytes\": ", model_state, ",\n");
@@ -128,8 +129,9 @@ struct PlanRecord {
     const js::Field segments = root.at("segments");
     for (std::size_t i = 0; i < segments.size(); ++i) {
       const js::Field s = segments[i];
-      s.require_keys({"begin", "end", "mode", "kept_bytes", "ms"});
+      s.require_keys({"begin", "end", "mode", "kept_bytes", "ms"}, {"hold"});
       Segment segment{s.at("begin").integer(), s.at("end").integer(), StageMode::Keep};
+      if (s.has("hold")) segment.hold = s.at("hold").boolean();
       const std::string mode = s.at("mode").string();
       bool known = false;
       for (int m = 0; m <= static_cast<int>(StageMode::Nested); ++m)

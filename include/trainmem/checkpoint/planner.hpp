@@ -111,6 +111,11 @@ struct PlannerOptions {
   /// The user's name for the model (its architecture, sizes, batch shape): a saved plan
   /// records it and loads only where it is the same (NOTE [Saved plans] in plan_file.hpp).
   std::string model{};
+  /// A choice per stage beside its mode, priced by one more profiled step a round and taken
+  /// where it is faster within the budget (checkpoint/stage_hold.hpp; ZeRO-3's
+  /// FullyShardedModel::stage_hold keeps a unit's gathered weights through its backward).
+  /// A plan that holds needs it to run, and a loaded one too (its `options`).
+  StageHold hold{};
 };
 
 namespace detail {
@@ -137,8 +142,8 @@ template <class B>
 class CheckpointPlan {
  public:
   CheckpointPlan(const std::vector<Layer<B>>& stages, std::vector<Segment> segments, PlanPrediction prediction,
-                 Budget budget, const ChainProfile& profile, std::string model = {})
-      : stages_(&stages) {
+                 Budget budget, const ChainProfile& profile, std::string model = {}, StageHold hold = {})
+      : stages_(&stages), hold_(std::move(hold)) {
     record_.model = std::move(model);
     record_.stages = static_cast<std::int64_t>(stages.size());
     record_.micro_batches = profile.micro_batches;
@@ -155,12 +160,13 @@ class CheckpointPlan {
   }
   /// The plan keeps a pointer to `stages` (its runners run them): a temporary would dangle.
   CheckpointPlan(const std::vector<Layer<B>>&& stages, std::vector<Segment> segments, PlanPrediction prediction,
-                 Budget budget, const ChainProfile& profile, std::string model = {}) = delete;
+                 Budget budget, const ChainProfile& profile, std::string model = {}, StageHold hold = {}) = delete;
 
   /// The plan saved in `path` (save()), for `stages`; nothing is profiled. Refused with a
   /// trainmem::Error naming the field where the file is not a plan of this version, or is
   /// for another model: other than stages.size() stages, `options.model` and
-  /// `options.micro_batches` micro-batches a step (NOTE [Saved plans] in plan_file.hpp).
+  /// `options.micro_batches` micro-batches a step (NOTE [Saved plans] in plan_file.hpp),
+  /// or holds stages and `options.hold` is not set.
   static CheckpointPlan load(const std::vector<Layer<B>>& stages, const std::string& path,
                              const PlannerOptions& options = {}) {
     std::ifstream in(path, std::ios::binary);
@@ -184,10 +190,13 @@ class CheckpointPlan {
     detail::check(r.micro_batches == options.micro_batches, who, ": field 'micro_batches' is ", r.micro_batches,
                   " but PlannerOptions::micro_batches is ", options.micro_batches,
                   ": the plan's peak is for steps of that many micro-batches");
-    for (std::size_t i = 0; i < r.segments.size(); ++i)
+    for (std::size_t i = 0; i < r.segments.size(); ++i) {
       detail::check(HasOffload<B> || r.segments[i].mode != StageMode::Offload, who, ": field 'segments[", i,
                     "].mode' is 'offload', and this backend has no host memory to offload to");
-    return CheckpointPlan(stages, std::move(r));
+      detail::check(!r.segments[i].hold || static_cast<bool>(options.hold), who, ": field 'segments[", i,
+                    "].hold' is true, and PlannerOptions::hold is not set (nothing to hold the stages with)");
+    }
+    return CheckpointPlan(stages, std::move(r), options.hold);
   }
   static CheckpointPlan from_json(const std::vector<Layer<B>>&& stages, std::string_view text,
                                   const PlannerOptions& options = {}, const std::string& source = "plan") = delete;
@@ -209,7 +218,7 @@ class CheckpointPlan {
   const std::vector<Segment>& segments() const { return record_.segments; }
   const PlanPrediction& prediction() const { return record_.prediction; }
   const Budget& budget() const { return record_.budget; }
-  ChainRunner<B> runner() const { return ChainRunner<B>(*stages_, record_.segments); }
+  ChainRunner<B> runner() const { return ChainRunner<B>(*stages_, record_.segments, hold_); }
 
   /// Whether `m` is within the budget: its peak on the budget's channel at most
   /// budget x (1 + check.tolerance). If not, check.on_over_budget hears of it and, under
@@ -258,7 +267,8 @@ class CheckpointPlan {
     for (std::size_t i = 0; i < segments.size();) {
       std::size_t e = i + 1;
       const std::int64_t len = segments[i].end - segments[i].begin;
-      while (e < segments.size() && segments[e].mode == segments[i].mode && segments[e].end - segments[e].begin == len)
+      while (e < segments.size() && segments[e].mode == segments[i].mode && segments[e].hold == segments[i].hold &&
+             segments[e].end - segments[e].begin == len)
         ++e;
       std::int64_t kept = 0;
       double ms = 0.0;
@@ -268,6 +278,7 @@ class CheckpointPlan {
                              : std::to_string(e - i) + (e - i == 1 ? " region" : " regions") + " of " +
                                    std::to_string(len) + (len == 1 ? " stage, " : " stages, ") +
                                    name_of(segments[i].mode);
+      if (segments[i].hold) what += ", holding " + (hold_.name.empty() ? std::string("held") : hold_.name);
       std::snprintf(line, sizeof line, "  stages %4lld-%-4lld  %-40s keeps %12s  %9.2f ms\n",
                     static_cast<long long>(segments[i].begin), static_cast<long long>(segments[e - 1].end - 1),
                     what.c_str(), format_bytes(kept).c_str(), ms);
@@ -300,14 +311,15 @@ class CheckpointPlan {
   }
 
  private:
-  CheckpointPlan(const std::vector<Layer<B>>& stages, PlanRecord record)
-      : stages_(&stages), record_(std::move(record)) {}
+  CheckpointPlan(const std::vector<Layer<B>>& stages, PlanRecord record, StageHold hold)
+      : stages_(&stages), record_(std::move(record)), hold_(std::move(hold)) {}
 
   /// Consecutive Keep stages become one Keep segment (what runs is the same).
   static std::vector<Segment> merge(std::vector<Segment> segments) {
     std::vector<Segment> out;
     for (const Segment& s : segments) {
-      if (!out.empty() && s.mode == StageMode::Keep && out.back().mode == StageMode::Keep) out.back().end = s.end;
+      if (!out.empty() && s.mode == StageMode::Keep && out.back().mode == StageMode::Keep && out.back().hold == s.hold)
+        out.back().end = s.end;
       else out.push_back(s);
     }
     return out;
@@ -315,6 +327,7 @@ class CheckpointPlan {
 
   const std::vector<Layer<B>>* stages_;
   PlanRecord record_;
+  StageHold hold_;
 };
 
 /// \brief Profiles a chain once, then plans it for any budget.
@@ -330,14 +343,17 @@ class Planner {
         step_(std::move(step)),
         options_(checked(std::move(options))),
         backend_(&backend),
-        profile_(leaving_no_trace(
-            [&] { return profile_chain(stages, step_, backend, options_.profile_reps, options_.micro_batches); })) {}
+        profile_(leaving_no_trace([&] {
+          return profile_chain(stages, step_, backend, options_.profile_reps, options_.micro_batches, options_.hold);
+        })) {}
   /// The planner keeps a pointer to `stages` for its plans, so a temporary (`Planner
   /// planner(model.stages(), ...)` with stages() returning by value) would dangle: not allowed.
   Planner(const std::vector<Layer<B>>&& stages, ChainStep<B> step, PlannerOptions options = {},
           B& backend = B::default_instance()) = delete;
 
   const ChainProfile& profile() const { return profile_; }
+  const std::vector<Layer<B>>& stages() const { return *stages_; }
+  const PlannerOptions& options() const { return options_; }
 
   /// The fastest schedule whose predicted peak fits `budget`; throws trainmem::Error when none does.
   CheckpointPlan<B> plan(Budget budget) const {
@@ -351,7 +367,7 @@ class Planner {
                                  format_bytes(least), "), of which ", state, " bytes (", format_bytes(state),
                                  ") are model state (parameters, gradients, master weights, optimizer state)"));
     }
-    return CheckpointPlan<B>(*stages_, s.segments, s.prediction, budget, profile_, options_.model);
+    return CheckpointPlan<B>(*stages_, s.segments, s.prediction, budget, profile_, options_.model, options_.hold);
   }
 
   /// The smallest predicted peak any schedule reaches on `channel`.
@@ -364,8 +380,8 @@ class Planner {
   /// and the objects are put back afterwards.
   StepMeasurement measure(const std::vector<Segment>& segments) const {
     return leaving_no_trace([&] {
-      if (!options_.restore.empty()) step_(ChainRunner<B>(*stages_, segments));
-      return detail::measured_step(*backend_, step_, ChainRunner<B>(*stages_, segments));
+      if (!options_.restore.empty()) step_(ChainRunner<B>(*stages_, segments, options_.hold));
+      return detail::measured_step(*backend_, step_, ChainRunner<B>(*stages_, segments, options_.hold));
     });
   }
   /// measure(plan.segments()), checked against the plan's budget (options.budget_check).

@@ -19,6 +19,23 @@
 // and the live change over its backward. Probes run only in profiling; a planned step
 // runs the stages through ordinary regions and nothing else.
 //
+// NOTE [Held stages]
+// With a StageHold (checkpoint/stage_hold.hpp) the profile runs one more step per round:
+// every stage plain and held. A stage's hold price is that step's costs minus the plain
+// step's, stage by stage: the bytes its forward leaves kept (for ZeRO-3 exactly the
+// unit's gathered weights), its forward peak, its forward and backward times; and
+// ChainProfile::held is every mode's costs plus that price (a hold costs the same on top
+// of any mode: what it keeps is no activation the mode decides about). Measured, not
+// assumed: the bytes are what MemoryStats saw, the times include what the backend overlapped.
+// Backward windows are not credited with the bytes a hold saves there. What a held stage
+// saves in backward falls in its neighbour's window: with ZeRO-3's prefetch, stage k+1's
+// backward gathers unit k ahead, which a held unit k already is. In the all-held step that
+// saving shows in stage k+1's window, but it is stage k's hold that makes it, so a plan
+// holding k+1 and not k would be credited wrongly (measured: a whole-step peak predicted
+// 3.6% low). The price therefore takes a backward window's peak and change as at least
+// the plain step's, and a held stage's peak is over-predicted by at most its own bytes and
+// those of the stage after it, never under-predicted. After the profile every stage's hold is off.
+//
 // NOTE [Micro-batches]
 // A step that accumulates gradients over k micro-batches runs the chain k times before
 // its optimizer step (ChainProfile::micro_batches, PlannerOptions::micro_batches): it
@@ -48,6 +65,7 @@
 #include "trainmem/checkpoint/policy.hpp"
 #include "trainmem/checkpoint/region.hpp"
 #include "trainmem/checkpoint/sequential.hpp"
+#include "trainmem/checkpoint/stage_hold.hpp"
 #include "trainmem/core/memory_stats.hpp"
 #include "trainmem/ops/op_recorder.hpp"
 
@@ -90,10 +108,12 @@ inline const char* name_of(StageMode m) {
   return "?";
 }
 
-/// Stages [begin, end) run in `mode` (a Keep segment is the same as Keep stages one by one).
+/// Stages [begin, end) run in `mode` (a Keep segment is the same as Keep stages one by
+/// one), holding what the planner's StageHold names when `hold` is set.
 struct Segment {
   std::int64_t begin = 0, end = 0;
   StageMode mode = StageMode::Keep;
+  bool hold = false;
   bool operator==(const Segment&) const = default;
 };
 
@@ -148,6 +168,12 @@ struct ChainProfile {
   // With micro_batches > 1: the first micro-batch's costs (its gradients appear during its
   // backward), a profile of one micro-batch; empty otherwise.
   std::vector<ChainProfile> first_micro_batch;
+  // Profiled with a StageHold: each stage's costs, every mode, with the stage held
+  // (NOTE [Held stages]); empty otherwise.
+  std::vector<StageCosts> held;
+
+  /// The stages' costs unheld or held.
+  const std::vector<StageCosts>& costs(bool hold) const { return hold ? held : stages; }
 
   std::int64_t size() const { return static_cast<std::int64_t>(stages.size()); }
 };
@@ -203,14 +229,19 @@ struct ProfileRecorder {
 template <class B>
 class ChainRunner {
  public:
-  ChainRunner(const std::vector<Layer<B>>& stages, std::vector<Segment> segments,
+  /// `hold` turns each segment's StageHold on or off for its stages before running them;
+  /// a segment with `hold` set needs one.
+  ChainRunner(const std::vector<Layer<B>>& stages, std::vector<Segment> segments, StageHold hold = {},
               detail::ProfileRecorder* recorder = nullptr)
-      : stages_(&stages), segments_(std::move(segments)), recorder_(recorder) {
+      : stages_(&stages), segments_(std::move(segments)), hold_(std::move(hold)), recorder_(recorder) {
     detail::check_tiling("ChainRunner", static_cast<std::int64_t>(stages.size()), segments_);
+    for (std::size_t i = 0; i < segments_.size(); ++i)
+      detail::check(!segments_[i].hold || static_cast<bool>(hold_), "ChainRunner: segment ", i,
+                    " holds its stages, and the runner has no StageHold to hold with");
   }
   /// The runner keeps a pointer to `stages`, so a temporary (`ChainRunner run(model.stages(),
   /// ...)` with stages() returning by value) would dangle at the first call: not allowed.
-  ChainRunner(const std::vector<Layer<B>>&& stages, std::vector<Segment> segments,
+  ChainRunner(const std::vector<Layer<B>>&& stages, std::vector<Segment> segments, StageHold hold = {},
               detail::ProfileRecorder* recorder = nullptr) = delete;
 
   /// The stages on x, segment by segment (every mode but Keep runs as a region).
@@ -221,6 +252,8 @@ class ChainRunner {
     const std::vector<Layer<B>>* stages = stages_;
     Var<B> h = x;
     for (const Segment& s : segments_) {
+      if (hold_)
+        for (std::int64_t k = s.begin; k < s.end; ++k) hold_.set(k, s.hold);
       auto run = [stages, begin = s.begin, end = s.end, nested = s.mode == StageMode::Nested](const Var<B>& input) {
         Var<B> y = input;
         for (std::int64_t i = begin; i < end; ++i) {
@@ -271,6 +304,7 @@ class ChainRunner {
  private:
   const std::vector<Layer<B>>* stages_;
   std::vector<Segment> segments_;
+  StageHold hold_;
   detail::ProfileRecorder* recorder_;
 };
 
@@ -285,19 +319,19 @@ namespace detail {
 /// One profiled step in `mode` (every stage its own segment).
 template <class B>
 std::vector<ProfileRecorder::Mark> profiled_step(const std::vector<Layer<B>>& stages, const ChainStep<B>& step,
-                                                 B& backend, StageMode mode, int micro_batches,
-                                                 std::vector<std::int64_t>& output_bytes,
+                                                 B& backend, StageMode mode, const StageHold& hold, bool held,
+                                                 int micro_batches, std::vector<std::int64_t>& output_bytes,
                                                  std::vector<bool>& output_saved) {
   std::vector<Segment> segments;
   const auto n = static_cast<std::int64_t>(stages.size());
-  for (std::int64_t k = 0; k < n; ++k) segments.push_back({k, k + 1, mode});
+  for (std::int64_t k = 0; k < n; ++k) segments.push_back({k, k + 1, mode, held});
   MemoryStats& stats = backend.memory();
   ProfileRecorder recorder;
   recorder.stats = &stats;
   recorder.synchronize = [&backend] { backend.synchronize(); };
   const auto expected = static_cast<std::size_t>(micro_batches * (2 * n + 3) + 2);
   recorder.marks.reserve(expected);
-  ChainRunner<B> runner(stages, segments, &recorder);
+  ChainRunner<B> runner(stages, segments, hold, &recorder);
   backend.synchronize();
   stats.reset_peak();
   recorder.mark();
@@ -308,7 +342,7 @@ std::vector<ProfileRecorder::Mark> profiled_step(const std::vector<Layer<B>>& st
         " micro-batches (PlannerOptions::micro_batches): the step must call run(x) once on the chain's input and "
         "run.backward(loss) once per micro-batch, and every stage's output must require grad");
   output_bytes = recorder.output_bytes;
-  if (mode == StageMode::Keep) output_saved = recorder.output_saved;
+  if (mode == StageMode::Keep && !held) output_saved = recorder.output_saved;
   return recorder.marks;
 }
 
@@ -326,28 +360,35 @@ std::vector<ProfileRecorder::Mark> profiled_step(const std::vector<Layer<B>>& st
 /// trace] in planner.hpp).
 template <class B>
 ChainProfile profile_chain(const std::vector<Layer<B>>& stages, const ChainStep<B>& step, B& backend, int reps = 3,
-                           int micro_batches = 1) {
+                           int micro_batches = 1, const StageHold& hold = {}) {
   using Mark = detail::ProfileRecorder::Mark;
   const auto n = static_cast<std::int64_t>(stages.size());
   detail::check(n > 0, "profile_chain: no stages");
   detail::check(reps >= 1, "profile_chain: reps must be >= 1, got ", reps);
   detail::check(micro_batches >= 1, "profile_chain: micro_batches must be >= 1, got ", micro_batches);
-  step(ChainRunner<B>(stages, {{0, n, StageMode::Keep}}));  // warm-up
+  step(ChainRunner<B>(stages, {{0, n, StageMode::Keep}}, hold));  // warm-up
   if constexpr (HasOffload<B>) {  // and the pinned buffers an Offload step takes from its cache
     std::vector<Segment> offloaded;
     for (std::int64_t k = 0; k < n; ++k) offloaded.push_back({k, k + 1, StageMode::Offload});
-    step(ChainRunner<B>(stages, offloaded));
+    step(ChainRunner<B>(stages, offloaded, hold));
   }
   std::array<bool, kStageModes> measured = ChainProfile{}.measured;
   measured[static_cast<std::size_t>(StageMode::Offload)] = HasOffload<B>;
   std::array<std::vector<std::vector<Mark>>, kStageModes> runs;
   std::vector<std::int64_t> output_bytes;
   std::vector<bool> output_saved;
-  for (int r = 0; r < reps; ++r)
+  std::vector<std::vector<Mark>> held_runs;  // every stage plain and held (NOTE [Held stages])
+  for (int r = 0; r < reps; ++r) {
     for (int m = 0; m < kStageModes; ++m)
       if (measured[static_cast<std::size_t>(m)])
-        runs[m].push_back(detail::profiled_step(stages, step, backend, static_cast<StageMode>(m), micro_batches,
+        runs[m].push_back(detail::profiled_step(stages, step, backend, static_cast<StageMode>(m), hold, false,
+                                                micro_batches, output_bytes, output_saved));
+    if (hold)
+      held_runs.push_back(detail::profiled_step(stages, step, backend, StageMode::Keep, hold, true, micro_batches,
                                                 output_bytes, output_saved));
+  }
+  if (hold)
+    for (std::int64_t k = 0; k < n; ++k) hold.set(k, false);  // as before the profile
 
   // Mark indices: 0 step start; micro-batch i's marks from base(i) = 1 + i(2n+3) on:
   // +0 chain start, +1+k after stage k, +n+1 backward call, +n+2+(n-1-k) stage k's output
@@ -367,11 +408,27 @@ ChainProfile profile_chain(const std::vector<Layer<B>>& stages, const ChainStep<
     return median(v);
   };
   // A window of every micro-batch (offsets from base): the median over rounds and micro-batches.
-  const auto batch_span_ms = [&](int m, std::size_t a, std::size_t b) {
+  const auto batch_span_ms = [&](const std::vector<std::vector<Mark>>& rounds, std::size_t a, std::size_t b) {
     std::vector<double> v;
-    for (const auto& marks : runs[m])
+    for (const auto& marks : rounds)
       for (int i = 0; i < micro_batches; ++i) v.push_back(marks[base(i) + b].ms - marks[base(i) + a].ms);
     return median(v);
+  };
+  // Stage k's costs in slot m of s, from the rounds of one mode and micro-batch i's bytes.
+  const auto stage_costs = [&](const std::vector<std::vector<Mark>>& rounds, int i, std::int64_t k, int m,
+                               StageCosts& s) {
+    const std::vector<Mark>& mk = rounds.back();
+    const std::size_t b = base(i);
+    const auto f0 = static_cast<std::size_t>(k), f1 = f0 + 1, b0 = bwd_index(k), b1 = b0 + 1;
+    s.fwd_ms[m] = batch_span_ms(rounds, f0, f1);
+    s.bwd_ms[m] = batch_span_ms(rounds, b0, b1);
+    for (int c = 0; c < kMemChannels; ++c) {
+      s.kept[m][c] = mk[b + f1].live[c] - mk[b + f0].live[c];
+      s.fwd_peak[m][c] = mk[b + f1].peak[c] - mk[b + f0].live[c];
+      s.bwd_peak[m][c] = mk[b + b1].peak[c] - mk[b + b0].live[c];
+      s.bwd_change[m][c] = mk[b + b1].live[c] - mk[b + b0].live[c];
+    }
+    s.output_bytes = output_bytes[static_cast<std::size_t>(k)];
   };
   // The costs with micro-batch i's bytes (times are every micro-batch's).
   const auto costs_of = [&](int i) {
@@ -381,19 +438,25 @@ ChainProfile profile_chain(const std::vector<Layer<B>>& stages, const ChainStep<
     p.stages.resize(static_cast<std::size_t>(n));
     for (int m = 0; m < kStageModes; ++m) {
       if (!measured[static_cast<std::size_t>(m)]) continue;  // never planned: solve_chain skips it
-      const std::vector<Mark>& mk = runs[m].back();
+      for (std::int64_t k = 0; k < n; ++k) stage_costs(runs[m], i, k, m, p.stages[static_cast<std::size_t>(k)]);
+    }
+    // A hold's price, stage by stage: the held plain step's costs minus the plain step's.
+    std::vector<StageCosts> hold_price;
+    if (hold) {
+      hold_price.resize(static_cast<std::size_t>(n));
       for (std::int64_t k = 0; k < n; ++k) {
-        StageCosts& s = p.stages[static_cast<std::size_t>(k)];
-        const auto f0 = static_cast<std::size_t>(k), f1 = f0 + 1, b0 = bwd_index(k), b1 = b0 + 1;
-        s.fwd_ms[m] = batch_span_ms(m, f0, f1);
-        s.bwd_ms[m] = batch_span_ms(m, b0, b1);
+        StageCosts& d = hold_price[static_cast<std::size_t>(k)];
+        const StageCosts& plain = p.stages[static_cast<std::size_t>(k)];
+        stage_costs(held_runs, i, k, 0, d);
+        d.fwd_ms[0] -= plain.fwd_ms[0];
+        d.bwd_ms[0] -= plain.bwd_ms[0];
         for (int c = 0; c < kMemChannels; ++c) {
-          s.kept[m][c] = mk[b + f1].live[c] - mk[b + f0].live[c];
-          s.fwd_peak[m][c] = mk[b + f1].peak[c] - mk[b + f0].live[c];
-          s.bwd_peak[m][c] = mk[b + b1].peak[c] - mk[b + b0].live[c];
-          s.bwd_change[m][c] = mk[b + b1].live[c] - mk[b + b0].live[c];
+          d.kept[0][c] -= plain.kept[0][c];
+          d.fwd_peak[0][c] -= plain.fwd_peak[0][c];
+          // No backward window is credited with bytes (NOTE [Held stages]).
+          d.bwd_peak[0][c] = std::max<std::int64_t>(0, d.bwd_peak[0][c] - plain.bwd_peak[0][c]);
+          d.bwd_change[0][c] = std::max<std::int64_t>(0, d.bwd_change[0][c] - plain.bwd_change[0][c]);
         }
-        s.output_bytes = output_bytes[static_cast<std::size_t>(k)];
       }
     }
     // A stage without fused attention keeps under save_attention just what it keeps under
@@ -424,6 +487,23 @@ ChainProfile profile_chain(const std::vector<Layer<B>>& stages, const ChainStep<
       s.kept[0][1] -= o;
       next.kept[0][1] += o;
       next.fwd_peak[0][1] += o;
+    }
+    if (hold) {  // every mode held: its costs plus the hold's price
+      p.held = p.stages;
+      for (std::int64_t k = 0; k < n; ++k) {
+        StageCosts& h = p.held[static_cast<std::size_t>(k)];
+        const StageCosts& d = hold_price[static_cast<std::size_t>(k)];
+        for (int m = 0; m < kStageModes; ++m) {
+          h.fwd_ms[m] = std::max(0.0, h.fwd_ms[m] + d.fwd_ms[0]);
+          h.bwd_ms[m] = std::max(0.0, h.bwd_ms[m] + d.bwd_ms[0]);
+          for (int c = 0; c < kMemChannels; ++c) {
+            h.kept[m][c] += d.kept[0][c];
+            h.fwd_peak[m][c] += d.fwd_peak[0][c];
+            h.bwd_peak[m][c] += d.bwd_peak[0][c];
+            h.bwd_change[m][c] += d.bwd_change[0][c];
+          }
+        }
+      }
     }
     const std::vector<Mark>& mk = runs[0].back();
     const std::size_t chain_end = b + static_cast<std::size_t>(n), bwd_call = chain_end + 1;

@@ -99,8 +99,7 @@ inline int inner_mode(StageMode m) { return m == StageMode::Nested ? 1 : 0; }
 /// Time an inner stage k of a region of mode m adds in backward: its recompute (Recompute: its
 /// forward; a selective mode: what its policy recomputes, as the one-stage region measured;
 /// Nested: its forward as a one-stage region) and its backward.
-inline double inner_backward_ms(const ChainProfile& p, std::int64_t k, StageMode m) {
-  const StageCosts& s = p.stages[at(k)];
+inline double inner_backward_ms(const StageCosts& s, StageMode m) {
   switch (m) {
     case StageMode::Recompute: return s.fwd_ms[0] + s.bwd_ms[0];
     case StageMode::Nested: return s.fwd_ms[1] + s.bwd_ms[1];
@@ -109,9 +108,9 @@ inline double inner_backward_ms(const ChainProfile& p, std::int64_t k, StageMode
 }
 
 /// Prefix sums of the backward live changes of profiled mode q: e[k] = sum of stages < k.
-inline std::vector<std::int64_t> backward_change_prefix(const ChainProfile& p, int q, int c) {
-  std::vector<std::int64_t> e(at(p.size() + 1), 0);
-  for (std::int64_t k = 0; k < p.size(); ++k) e[at(k + 1)] = e[at(k)] + p.stages[at(k)].bwd_change[q][c];
+inline std::vector<std::int64_t> backward_change_prefix(const std::vector<StageCosts>& stages, int q, int c) {
+  std::vector<std::int64_t> e(stages.size() + 1, 0);
+  for (std::size_t k = 0; k < stages.size(); ++k) e[k + 1] = e[k] + stages[k].bwd_change[q][c];
   return e;
 }
 
@@ -136,42 +135,45 @@ inline SegmentCost segment_cost(const ChainProfile& p, int c, const Segment& s) 
   using detail::at;
   const int m = detail::profiled(s.mode), q = detail::inner_mode(s.mode);
   const std::int64_t j = s.begin, last = s.end - 1;
+  detail::check(!s.hold || !p.held.empty(), "checkpoint planner: segment [", s.begin, ", ", s.end,
+                ") holds its stages, and the profile was made without a StageHold");
+  const std::vector<StageCosts>& stages = p.costs(s.hold);
   SegmentCost out;
   if (s.mode == StageMode::Keep) {
     for (std::int64_t k = s.begin; k < s.end; ++k) {  // Keep stages one by one
-      const StageCosts& st = p.stages[at(k)];
+      const StageCosts& st = stages[at(k)];
       out.fwd_level = std::max(out.fwd_level, out.kept + st.fwd_peak[0][c]);
       out.kept += st.kept[0][c];
       out.ms += st.fwd_ms[0] + st.bwd_ms[0];
     }
     // Within a Keep run the backward levels are those of the single stages; solve and
     // predict treat Keep runs stage by stage, so the level here is the last stage's.
-    out.bwd_level = p.stages[at(last)].bwd_peak[0][c];
+    out.bwd_level = stages[at(last)].bwd_peak[0][c];
     return out;
   }
   std::int64_t inner = 0;  // kept by the region so far, before stage k
   for (std::int64_t k = j; k <= last; ++k) {
-    const StageCosts& st = p.stages[at(k)];
-    const std::int64_t held = k > j ? p.stages[at(k - 1)].output_bytes : 0;
+    const StageCosts& st = stages[at(k)];
+    const std::int64_t held = k > j ? stages[at(k - 1)].output_bytes : 0;
     out.fwd_level = std::max(out.fwd_level, inner + held + st.fwd_peak[m][c]);
     inner += st.kept[m][c] - st.output_bytes;
     out.ms += st.fwd_ms[m];
   }
-  out.kept = inner + p.stages[at(last)].output_bytes;
+  out.kept = inner + stages[at(last)].output_bytes;
   std::int64_t recomputed = 0;  // recompute of stages j..last-1 before the last stage's
   std::int64_t level = 0;
   for (std::int64_t k = j; k < last; ++k) {
-    const StageCosts& st = p.stages[at(k)];
+    const StageCosts& st = stages[at(k)];
     level = std::max(level, recomputed + st.fwd_peak[q][c]);
     recomputed += st.kept[q][c] - st.kept[m][c] + st.output_bytes;
-    out.ms += detail::inner_backward_ms(p, k, s.mode);
+    out.ms += detail::inner_backward_ms(stages[at(k)], s.mode);
   }
-  const StageCosts& tail = p.stages[at(last)];
+  const StageCosts& tail = stages[at(last)];
   level = std::max(level, recomputed + tail.bwd_peak[m][c]);
   std::int64_t live = recomputed + tail.bwd_change[m][c];
   for (std::int64_t k = last - 1; k >= j; --k) {
-    level = std::max(level, live + p.stages[at(k)].bwd_peak[q][c]);
-    live += p.stages[at(k)].bwd_change[q][c];
+    level = std::max(level, live + stages[at(k)].bwd_peak[q][c]);
+    live += stages[at(k)].bwd_change[q][c];
   }
   out.bwd_level = level;
   out.ms += tail.bwd_ms[m];
@@ -186,7 +188,7 @@ inline std::vector<Segment> split_keeps(const std::vector<Segment>& segments) {
       out.push_back(s);
       continue;
     }
-    for (std::int64_t k = s.begin; k < s.end; ++k) out.push_back({k, k + 1, StageMode::Keep});
+    for (std::int64_t k = s.begin; k < s.end; ++k) out.push_back({k, k + 1, StageMode::Keep, s.hold});
   }
   return out;
 }
@@ -231,6 +233,7 @@ struct SolverOptions {
   bool allow_selective = true;  // Selective and SaveAttention
   bool allow_nested = true;
   bool allow_offload = true;  // where the profile measured it (ChainProfile::measured)
+  bool allow_hold = true;     // where the profile has a StageHold's prices (ChainProfile::held)
 };
 
 namespace detail {
@@ -305,8 +308,8 @@ inline PlanSolution solve_once(const ChainProfile& p, int c, std::int64_t budget
   const std::vector<std::int64_t> g = leftover_suffix(p, c);
   constexpr float kInf = std::numeric_limits<float>::infinity();
   std::vector<float> best(at((n + 1) * width), kInf);
-  // (j * kModeCodes + mode) of the step into each state; the state it came from is the
-  // bucket minus that segment's shift, recomputed when the schedule is read back.
+  // ((2j + hold) * kModeCodes + mode) of the step into each state; the state it came from
+  // is the bucket minus that segment's shift, recomputed when the schedule is read back.
   constexpr std::int32_t kModeCodes = static_cast<std::int32_t>(StageMode::Nested) + 1;
   std::vector<std::int32_t> from(at((n + 1) * width), -1);
   std::vector<std::int64_t> lo(at(n + 1), width), hi(at(n + 1), -1);
@@ -319,7 +322,7 @@ inline PlanSolution solve_once(const ChainProfile& p, int c, std::int64_t budget
     if (round_up) return kept > 0 ? (kept + u - 1) / u : -((-kept) / u);
     return std::llround(static_cast<double>(kept) / static_cast<double>(u));
   };
-  const auto relax = [&](std::int64_t j, std::int64_t j2, int mode, const SegmentCost& cost) {
+  const auto relax = [&](std::int64_t j, std::int64_t j2, int hold, int mode, const SegmentCost& cost) {
     const std::int64_t limit_f = bucket_floor(budget - p.start_live[c] - cost.fwd_level);
     const std::int64_t limit_b =
         bucket_floor(budget - p.start_live[c] - cost.kept - p.backward_rest[c] - g[at(j2)] - cost.bwd_level);
@@ -333,7 +336,7 @@ inline PlanSolution solve_once(const ChainProfile& p, int c, std::int64_t budget
     const float* __restrict src = &best[at(j * width)];
     float* __restrict dst = &best[at(j2 * width + shift)];
     std::int32_t* __restrict into = &from[at(j2 * width + shift)];
-    const auto code = static_cast<std::int32_t>(j * kModeCodes + mode);
+    const auto code = static_cast<std::int32_t>((2 * j + hold) * kModeCodes + mode);
 #pragma omp simd
     for (std::int64_t a = first; a <= last; ++a) {
       const float v = src[a] + static_cast<float>(cost.ms);
@@ -344,58 +347,67 @@ inline PlanSolution solve_once(const ChainProfile& p, int c, std::int64_t budget
     lo[at(j2)] = std::min(lo[at(j2)], first + shift);  // a superset of the finite entries
     hi[at(j2)] = std::max(hi[at(j2)], last + shift);
   };
-  // Prefix sums of the backward live changes of inner stages (plain, or one-stage regions).
-  const std::array<std::vector<std::int64_t>, 2> pes{backward_change_prefix(p, 0, c), backward_change_prefix(p, 1, c)};
+  // Prefix sums of the backward live changes of inner stages (plain, or one-stage regions),
+  // unheld and held.
+  const int holds = o.allow_hold && !p.held.empty() ? 2 : 1;
+  std::array<std::array<std::vector<std::int64_t>, 2>, 2> prefixes;
+  for (int h = 0; h < holds; ++h)
+    prefixes[at(h)] = {backward_change_prefix(p.costs(h == 1), 0, c), backward_change_prefix(p.costs(h == 1), 1, c)};
   for (std::int64_t j = 0; j < n; ++j) {
     if (hi[at(j)] < lo[at(j)]) continue;
-    const StageCosts& sj = p.stages[at(j)];
-    relax(j, j + 1, 0, SegmentCost{sj.kept[0][c], sj.fwd_peak[0][c], sj.bwd_peak[0][c], sj.fwd_ms[0] + sj.bwd_ms[0]});
-    for (int mode = 1; mode <= static_cast<int>(StageMode::Nested); ++mode) {
-      const auto sm = static_cast<StageMode>(mode);
-      if ((is_selective(sm) && !o.allow_selective) || (sm == StageMode::Nested && !o.allow_nested) ||
-          (sm == StageMode::Offload && !o.allow_offload) || !p.measured[at(profiled(sm))])
-        continue;
-      const int m = profiled(sm), q = inner_mode(sm);  // the region's stage costs; its inner stages'
-      const std::vector<std::int64_t>& pe = pes[at(q)];
-      std::int64_t inner = 0;           // region-kept bytes of stages j..j2-1 minus their outputs
-      std::int64_t fwd_level = 0;       // running forward level
-      std::int64_t recomputed = 0;      // recompute of stages j..j2-2
-      std::int64_t recompute_peak = 0;  // running max of recompute levels of stages j..j2-2
-      std::int64_t back_peak = std::numeric_limits<std::int64_t>::min();  // max of bwd_peak[0][k] - pe[k+1]
-      double fwd_ms = 0.0, inner_ms = 0.0;
-      // Selective regions span one stage: a longer one also keeps each inner stage's
-      // last matmul output (the next stage's recompute needs it), which the one-stage
-      // profile cannot see; with a residual add after that matmul it saves nothing anyway.
-      // Offload regions too: the region model recomputes a longer region's inner stages,
-      // which an Offload region brings back from host memory instead.
-      const std::int64_t last_end = is_one_stage(sm) ? j + 1 : std::min(n, j + resolved.max_length);
-      for (std::int64_t j2 = j + 1; j2 <= last_end; ++j2) {
-        const std::int64_t k = j2 - 1;  // the region's last stage
-        const StageCosts& st = p.stages[at(k)];
-        if (k > j) {  // stage k-1 becomes an inner stage
-          const StageCosts& in = p.stages[at(k - 1)];
-          recompute_peak = std::max(recompute_peak, recomputed + in.fwd_peak[q][c]);
-          recomputed += in.kept[q][c] - in.kept[m][c] + in.output_bytes;
-          back_peak = std::max(back_peak, in.bwd_peak[q][c] - pe[at(k)]);
-          inner_ms += inner_backward_ms(p, k - 1, sm);
+    for (int h = 0; h < holds; ++h) {
+      const std::vector<StageCosts>& stages = p.costs(h == 1);
+      const auto& pes = prefixes[at(h)];
+      const StageCosts& sj = stages[at(j)];
+      relax(j, j + 1, h, 0,
+            SegmentCost{sj.kept[0][c], sj.fwd_peak[0][c], sj.bwd_peak[0][c], sj.fwd_ms[0] + sj.bwd_ms[0]});
+      for (int mode = 1; mode <= static_cast<int>(StageMode::Nested); ++mode) {
+        const auto sm = static_cast<StageMode>(mode);
+        if ((is_selective(sm) && !o.allow_selective) || (sm == StageMode::Nested && !o.allow_nested) ||
+            (sm == StageMode::Offload && !o.allow_offload) || !p.measured[at(profiled(sm))])
+          continue;
+        const int m = profiled(sm), q = inner_mode(sm);  // the region's stage costs; its inner stages'
+        const std::vector<std::int64_t>& pe = pes[at(q)];
+        std::int64_t inner = 0;           // region-kept bytes of stages j..j2-1 minus their outputs
+        std::int64_t fwd_level = 0;       // running forward level
+        std::int64_t recomputed = 0;      // recompute of stages j..j2-2
+        std::int64_t recompute_peak = 0;  // running max of recompute levels of stages j..j2-2
+        std::int64_t back_peak = std::numeric_limits<std::int64_t>::min();  // max of bwd_peak[0][k] - pe[k+1]
+        double fwd_ms = 0.0, inner_ms = 0.0;
+        // Selective regions span one stage: a longer one also keeps each inner stage's
+        // last matmul output (the next stage's recompute needs it), which the one-stage
+        // profile cannot see; with a residual add after that matmul it saves nothing anyway.
+        // Offload regions too: the region model recomputes a longer region's inner stages,
+        // which an Offload region brings back from host memory instead.
+        const std::int64_t last_end = is_one_stage(sm) ? j + 1 : std::min(n, j + resolved.max_length);
+        for (std::int64_t j2 = j + 1; j2 <= last_end; ++j2) {
+          const std::int64_t k = j2 - 1;  // the region's last stage
+          const StageCosts& st = stages[at(k)];
+          if (k > j) {  // stage k-1 becomes an inner stage
+            const StageCosts& in = stages[at(k - 1)];
+            recompute_peak = std::max(recompute_peak, recomputed + in.fwd_peak[q][c]);
+            recomputed += in.kept[q][c] - in.kept[m][c] + in.output_bytes;
+            back_peak = std::max(back_peak, in.bwd_peak[q][c] - pe[at(k)]);
+            inner_ms += inner_backward_ms(stages[at(k - 1)], sm);
+          }
+          const std::int64_t held = k > j ? stages[at(k - 1)].output_bytes : 0;
+          fwd_level = std::max(fwd_level, inner + held + st.fwd_peak[m][c]);
+          fwd_ms += st.fwd_ms[m];
+          // The forward level only grows with j2: once no bucket of j is below its limit, no
+          // longer segment from j fits either.
+          if (bucket_floor(budget - p.start_live[c] - fwd_level) < lo[at(j)]) break;
+          if (sm != StageMode::Nested || k > j) {  // a one-stage Nested segment is a Recompute one
+            SegmentCost cost;
+            cost.kept = inner + st.kept[m][c];
+            cost.fwd_level = fwd_level;
+            cost.bwd_level = std::max(recompute_peak, recomputed + st.bwd_peak[m][c]);
+            if (k > j)
+              cost.bwd_level = std::max(cost.bwd_level, recomputed + st.bwd_change[m][c] + pe[at(k)] + back_peak);
+            cost.ms = fwd_ms + inner_ms + st.bwd_ms[m];
+            relax(j, j2, h, mode, cost);
+          }
+          inner += st.kept[m][c] - st.output_bytes;
         }
-        const std::int64_t held = k > j ? p.stages[at(k - 1)].output_bytes : 0;
-        fwd_level = std::max(fwd_level, inner + held + st.fwd_peak[m][c]);
-        fwd_ms += st.fwd_ms[m];
-        // The forward level only grows with j2: once no bucket of j is below its limit, no
-        // longer segment from j fits either.
-        if (bucket_floor(budget - p.start_live[c] - fwd_level) < lo[at(j)]) break;
-        if (sm != StageMode::Nested || k > j) {  // a one-stage Nested segment is a Recompute one
-          SegmentCost cost;
-          cost.kept = inner + st.kept[m][c];
-          cost.fwd_level = fwd_level;
-          cost.bwd_level = std::max(recompute_peak, recomputed + st.bwd_peak[m][c]);
-          if (k > j)
-            cost.bwd_level = std::max(cost.bwd_level, recomputed + st.bwd_change[m][c] + pe[at(k)] + back_peak);
-          cost.ms = fwd_ms + inner_ms + st.bwd_ms[m];
-          relax(j, j2, mode, cost);
-        }
-        inner += st.kept[m][c] - st.output_bytes;
       }
     }
   }
@@ -410,7 +422,7 @@ inline PlanSolution solve_once(const ChainProfile& p, int c, std::int64_t budget
   std::int64_t j2 = n, a2 = best_a;
   while (j2 > 0) {
     const std::int32_t f = from[at(j2 * width + a2)];
-    const Segment segment{f / kModeCodes, j2, static_cast<StageMode>(f % kModeCodes)};
+    const Segment segment{f / kModeCodes / 2, j2, static_cast<StageMode>(f % kModeCodes), (f / kModeCodes) % 2 == 1};
     s.segments.push_back(segment);
     a2 -= shift_of(segment_cost(p, c, segment).kept);
     j2 = segment.begin;

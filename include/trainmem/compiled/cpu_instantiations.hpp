@@ -149,7 +149,7 @@ TRAINMEM_INSTANTIATE class CheckpointPlan<cpu::Backend>;
 TRAINMEM_INSTANTIATE class Planner<cpu::Backend>;
 TRAINMEM_INSTANTIATE class ChainRunner<cpu::Backend>;
 TRAINMEM_INSTANTIATE ChainProfile profile_chain(const std::vector<Layer<cpu::Backend>>&, const ChainStep<cpu::Backend>&,
-                                                cpu::Backend&, int, int);
+                                                cpu::Backend&, int, int, const StageHold&);
 
 }  // namespace trainmem
 

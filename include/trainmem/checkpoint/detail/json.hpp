@@ -208,17 +208,26 @@ class Field {
 
   [[noreturn]] void fail(std::string_view what) const { throw Error(concat(*who_, ": field '", path_, "' ", what)); }
 
-  /// The object's members, which must be exactly `keys` (any order).
-  void require_keys(std::initializer_list<std::string_view> keys) const {
+  /// The object's members, which must be exactly `keys` (any order), and any of `optional`.
+  void require_keys(std::initializer_list<std::string_view> keys,
+                    std::initializer_list<std::string_view> optional = {}) const {
     kind(Value::Kind::Object);
     for (const auto& m : v_->members) {
       bool known = false;
       for (std::string_view k : keys) known = known || k == m.first;
+      for (std::string_view k : optional) known = known || k == m.first;
       if (!known)
         throw Error(concat(*who_, ": unknown field '", child_path(m.first),
                            "' (a plan file of this version has no such field)"));
     }
     for (std::string_view k : keys) (void)at(k);
+  }
+  /// Whether the object has member `key`.
+  bool has(std::string_view key) const {
+    kind(Value::Kind::Object);
+    for (const auto& m : v_->members)
+      if (m.first == key) return true;
+    return false;
   }
   Field at(std::string_view key) const {
     kind(Value::Kind::Object);
@@ -233,6 +242,10 @@ class Field {
   Field operator[](std::size_t i) const {
     kind(Value::Kind::Array);
     return Field(v_->items[i], concat(path_, "[", i, "]"), who_);
+  }
+  bool boolean() const {
+    kind(Value::Kind::Bool);
+    return v_->boolean;
   }
   std::string string() const {
     kind(Value::Kind::String);
