@@ -37,6 +37,21 @@
 // again, so it re-gathers nothing itself and in the same order on every rank. With
 // `keep_gathered` a unit is not released after its forward: its backward gathers nothing
 // (the planner's "keep the gathered weights through backward", at its byte price).
+//
+// NOTE [A region around a unit]
+// The checkpoint planner runs each stage in its mode by putting a region around it
+// (ChainRunner), so a stage that is a unit's forward gets the region outside the unit.
+// The unit's hook then passes every save that is not a gathered weight down to the
+// region's hook (and each op's entry and outputs, so a selective policy sees the unit's
+// ops), and keeps turning gathered weights into its own placeholders. The region's
+// recompute calls forward() again under its replay hook: forward() sees that, prefetches
+// nothing (the units after it in forward are done with), and keeps the unit gathered for
+// the backward that follows, instead of releasing it. A one-unit region thus recomputes
+// on the gather its backward makes anyway (no gather of its own). A region over several
+// units recomputes them in order, each released when the next one's recompute starts,
+// the last kept: an inner unit is gathered for its recompute and again for its backward,
+// one gather more a step (what the planner's profile of its forward prices), and at most
+// one unit more is gathered than without regions.
 // Under autocast the model dtype must be the compute dtype: a cast copy of a weight (the
 // cast cache's) would be a full weight that no release frees.
 // (A norm that reads a 16-bit weight in f32 for an f32 input takes an f32 copy from the
@@ -71,6 +86,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -79,6 +95,7 @@
 #include "trainmem/autocast/autocast.hpp"
 #include "trainmem/autocast/cast_cache.hpp"
 #include "trainmem/autograd/grad_mode.hpp"
+#include "trainmem/checkpoint/stage_hold.hpp"
 #include "trainmem/distributed/zero.hpp"
 #include "trainmem/ops/op_recorder.hpp"
 #include "trainmem/optim/adamw.hpp"
@@ -233,17 +250,26 @@ class FullyShardedModel {
                             " model would cast every gathered weight into a copy no release frees; make the model "
                             "dtype the autocast dtype");
     Unit& unit = *units_[u];
+    // NOTE [A region around a unit]: a recompute keeps the unit gathered for the backward
+    // that follows it, releases the unit it recomputed before, and prefetches nothing.
+    SaveHook<B>* below = tape.hook();
+    const bool recomputing = below != nullptr && below->replaying();
+    if (recomputing && held_by_recompute_ < units_.size() && held_by_recompute_ != u &&
+        !units_[held_by_recompute_]->keep_gathered)
+      release(*units_[held_by_recompute_]);
     wait_gathered(unit);
-    for (int k = 1; k <= options_.prefetch_depth && u + static_cast<std::size_t>(k) < units_.size(); ++k)
-      start_gather(*units_[u + static_cast<std::size_t>(k)]);
+    if (recomputing) held_by_recompute_ = u;
+    else
+      for (int k = 1; k <= options_.prefetch_depth && u + static_cast<std::size_t>(k) < units_.size(); ++k)
+        start_gather(*units_[u + static_cast<std::size_t>(k)]);
     unit.unpacker = std::make_shared<GatheredViews>(*this, u);
     Var<B> y;
     {
-      typename Tape<B>::HookScope scope(tape, unit.hook.get());
+      typename UnitHook::Scope scope(tape, *unit.hook, below);
       y = fn(x);
     }
     y = boundary(y, u);
-    if (!unit.keep_gathered || !grad_enabled()) release(unit);
+    if (!recomputing && (!unit.keep_gathered || !grad_enabled())) release(unit);
     return y;
   }
 
@@ -269,6 +295,7 @@ class FullyShardedModel {
       release(unit);
     }
     unfinished_ = units_.size();
+    held_by_recompute_ = SIZE_MAX;
     if (++micro_batches_ < options_.accumulation_steps) return false;
     micro_batches_ = 0;
     for (std::size_t i = 0; i < segment_at_.size(); ++i) {
@@ -359,6 +386,32 @@ class FullyShardedModel {
     optimizer_->load_state(state.sub("optimizer"));
   }
 
+  /// Whether unit u stays gathered from its forward through its backward
+  /// (FullyShardedOptions::keep_gathered): its gathered bytes held from forward to
+  /// backward, against one gather less a step. It decides which gathers run, so it is set
+  /// between steps and the same on every rank (a plan made on one rank and loaded on all:
+  /// the checkpoint planner's StageHold, stage_hold()).
+  void set_keep_gathered(std::size_t u, bool keep) {
+    trainmem::detail::check(u < units_.size(), "dist::FullyShardedModel::set_keep_gathered: unit ", u, " of ",
+                            units_.size());
+    units_[u]->keep_gathered = keep;
+  }
+  bool keep_gathered(std::size_t u) const { return units_.at(u)->keep_gathered; }
+  /// The checkpoint planner's StageHold (PlannerOptions::hold) for a chain whose stage k
+  /// runs unit unit_of_stage[k] (-1: a stage of no unit, which holds nothing), or unit k
+  /// when the list is empty: holding a stage keeps its unit's gathered weights through its
+  /// backward (set_keep_gathered). Plan on one rank and load that plan on every rank.
+  StageHold stage_hold(std::vector<std::int64_t> unit_of_stage = {}) {
+    for (std::size_t k = 0; k < unit_of_stage.size(); ++k)
+      trainmem::detail::check(unit_of_stage[k] >= -1 && unit_of_stage[k] < static_cast<std::int64_t>(units_.size()),
+                              "dist::FullyShardedModel::stage_hold: stage ", k, " runs unit ", unit_of_stage[k], " of ",
+                              units_.size(), " (-1 for a stage of no unit)");
+    return {"gathered weights", [this, map = std::move(unit_of_stage)](std::int64_t stage, bool on) {
+              const std::int64_t u = map.empty() ? stage : map.at(static_cast<std::size_t>(stage));
+              if (u >= 0) set_keep_gathered(static_cast<std::size_t>(u), on);
+            }};
+  }
+
   std::size_t units() const { return units_.size(); }
   /// Unit u's parameters and this rank's range of its flat space.
   const std::vector<Var<B>>& unit_params(std::size_t u) const { return units_[u]->params; }
@@ -417,26 +470,51 @@ class FullyShardedModel {
     std::vector<View> views_;
   };
 
-  /// \brief The save hook fn runs under: saves of the gathered buffer become placeholders.
+  /// \brief The save hook fn runs under: saves of the gathered buffer become placeholders;
+  /// everything else goes to the hook below it (a checkpoint region around the unit), or is
+  /// kept where there is none.
   class UnitHook final : public SaveHook<B> {
    public:
+    /// RAII: the hook on `tape` over `below` while fn runs.
+    class Scope {
+     public:
+      Scope(Tape<B>& tape, UnitHook& hook, SaveHook<B>* below) : hook_(hook), scope_(tape, &hook) {
+        hook.below_ = below;
+      }
+      ~Scope() { hook_.below_ = nullptr; }
+      Scope(const Scope&) = delete;
+      Scope& operator=(const Scope&) = delete;
+
+     private:
+      UnitHook& hook_;
+      typename Tape<B>::HookScope scope_;
+    };
+
     UnitHook(FullyShardedModel& model, std::size_t unit) : model_(&model), unit_(unit) {}
-    std::int64_t begin_op(const OpIdentity&) override {
+    std::int64_t begin_op(const OpIdentity& op) override {
       model_->progress();
-      return next_op_++;
+      return below_ != nullptr ? below_->begin_op(op) : next_op_++;
     }
-    const std::vector<Tensor<B>>* reuse_outputs(std::int64_t) override { return nullptr; }
-    void on_outputs(std::int64_t, const OpIdentity&, double, std::span<const Tensor<B>>) override {}
+    const std::vector<Tensor<B>>* reuse_outputs(std::int64_t op_index) override {
+      return below_ != nullptr ? below_->reuse_outputs(op_index) : nullptr;
+    }
+    void on_outputs(std::int64_t op_index, const OpIdentity& op, double flops,
+                    std::span<const Tensor<B>> outputs) override {
+      if (below_ != nullptr) below_->on_outputs(op_index, op, flops, outputs);
+    }
+    bool replaying() const override { return below_ != nullptr && below_->replaying(); }
+    void name_tensor(const VarImpl<B>& x, std::string_view name) override {
+      if (below_ != nullptr) below_->name_tensor(x, name);
+    }
     SavedTensor<B> pack(const Tensor<B>& tensor, const SaveInfo& info) override {
       const Unit& unit = *model_->units_[unit_];
-      if (!unit.gathered.defined()) return SavedTensor<B>::keep(tensor, info.op->name);
+      if (!unit.gathered.defined()) return others(tensor, info);
       // A gathered weight, or the cast cache's copy of one (a norm reading a 16-bit weight
       // in f32): either is re-made from the backward gather, so neither outlives the unit.
       const auto* weight = static_cast<const std::byte*>(
           tensor.same_storage(unit.gathered) ? tensor.data() : amp::CastCache<B>::instance().source_of(tensor));
       const auto* begin = static_cast<const std::byte*>(unit.gathered.data());
-      if (weight == nullptr || weight < begin || weight >= begin + unit.gathered.bytes())
-        return SavedTensor<B>::keep(tensor, info.op->name);
+      if (weight == nullptr || weight < begin || weight >= begin + unit.gathered.bytes()) return others(tensor, info);
       const auto offset =
           static_cast<std::int64_t>((weight - begin) / static_cast<std::ptrdiff_t>(size_of(unit.gathered.dtype())));
       const std::int64_t slot = unit.unpacker->add(offset, tensor.shape(), tensor.dtype());
@@ -444,8 +522,13 @@ class FullyShardedModel {
     }
 
    private:
+    SavedTensor<B> others(const Tensor<B>& tensor, const SaveInfo& info) {
+      return below_ != nullptr ? below_->pack(tensor, info) : SavedTensor<B>::keep(tensor, info.op->name);
+    }
+
     FullyShardedModel* model_;
     std::size_t unit_;
+    SaveHook<B>* below_ = nullptr;  // while fn runs: the hook the unit's forward was called under
     std::int64_t next_op_ = 0;
   };
 
@@ -554,6 +637,7 @@ class FullyShardedModel {
     unit.buckets->ready(i, divisor());
     if (++unit.ready == unit.params.size()) {
       release(unit);
+      if (held_by_recompute_ == u) held_by_recompute_ = SIZE_MAX;
       // The unit before it in backward has had this unit's backward to reduce: waiting for
       // it now keeps at most two units' f32 buckets alive, not every unit's.
       if (unfinished_ < units_.size()) finish_reduction(*units_[unfinished_]);
@@ -579,7 +663,8 @@ class FullyShardedModel {
   std::int64_t gathered_live_ = 0, gathered_peak_ = 0, gathers_ = 0;
   std::int64_t micro_batches_ = 0;
   bool scaled_ = false, incomplete_ = false;
-  std::size_t unfinished_ = SIZE_MAX;  // the unit whose gradients were final last, not yet waited for
+  std::size_t unfinished_ = SIZE_MAX;         // the unit whose gradients were final last, not yet waited for
+  std::size_t held_by_recompute_ = SIZE_MAX;  // the unit a region's recompute ran last, kept gathered
 };
 
 }  // namespace trainmem::dist

@@ -4,7 +4,7 @@
 //                               groups|checkpoint_bf16|fp32_grads|abort|stalled|fewer_steps|early_return|
 //                               skipped_step|zero_stages|bucket_bytes|parameter_order|accumulation_steps|
 //                               zero_groups|zero3_equivalence|zero3_bf16|zero3_f16|zero3_memory|
-//                               zero3_resume|zero3_abort|zero3_keep|zero3_budget>
+//                               zero3_resume|zero3_abort|zero3_keep|zero3_budget|zero3_planned>
 //
 // Each rank checks its own results and throws on a failure; dist::mpi::run then names
 // the rank and aborts the job, so a failed check can never leave the others waiting.
@@ -18,13 +18,16 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "../distributed_model.hpp"
+#include "trainmem/checkpoint/planner.hpp"
 #include "trainmem/checkpoint/sequential.hpp"
+#include "trainmem/distributed/agreed_plan.hpp"
 #include "trainmem/distributed/fully_sharded.hpp"
 #include "trainmem/distributed/mpi.hpp"
 
@@ -1232,6 +1235,98 @@ int zero3_keep(dist::mpi::Communicator& comm) {
   return 0;
 }
 
+/// Four ZeRO-3 units of tanh(tanh(Linear(16, 16))) in f32 as the stages of a chain; step s
+/// trains on this rank's batch s.
+struct PlannedUnits {
+  static constexpr std::int64_t kWidth = 16, kUnits = 4, kRows = 8;
+  explicit PlannedUnits(dist::Communicator<B>& comm) : comm(comm) {
+    std::vector<std::vector<Var<B>>> units;
+    for (std::int64_t u = 0; u < kUnits; ++u) {
+      layers.push_back(
+          std::make_unique<nn::Linear<B>>(kWidth, kWidth, init, true, DType::F32, "fc" + std::to_string(u)));
+      units.push_back(layers.back()->parameters());
+    }
+    model = std::make_unique<dist::FullyShardedModel<B>>(
+        comm, std::move(units), dist::FullyShardedOptions{.model_dtype = DType::F32, .bucket_bytes = 256},
+        adamw_options());
+    for (std::int64_t u = 0; u < kUnits; ++u)
+      stages.push_back([this, u](const Var<B>& x) {
+        const auto layer = [this, u](const Var<B>& in) {
+          return tanh(tanh((*layers[static_cast<std::size_t>(u)])(in)));
+        };
+        return model->forward(*x.tape(), static_cast<std::size_t>(u), layer, x);
+      });
+  }
+  void step(const ChainRunner<B>& run) {
+    model->zero_grad();
+    Tape<B> tape;
+    std::vector<double> v(kRows * kWidth), l(kRows);
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = std::cos(0.3 * static_cast<double>(i) + steps + comm.rank());
+    for (std::size_t i = 0; i < l.size(); ++i) l[i] = static_cast<double>((i + steps) % kWidth);
+    const Var<B> y = run(tape.input(Tensor<B>::from_host(Shape{kRows, kWidth}, v)));
+    run.backward(cross_entropy(y, Tensor<B>::from_host(Shape{kRows}, l, DType::I32)));
+    model->micro_batch_done();
+    model->step();
+    ++steps;
+  }
+  dist::Communicator<B>& comm;
+  nn::Init init{5};
+  std::vector<std::unique_ptr<nn::Linear<B>>> layers;
+  std::unique_ptr<dist::FullyShardedModel<B>> model;
+  std::vector<Layer<B>> stages;
+  int steps = 0;
+};
+
+/// The checkpoint planner over ZeRO-3 units on N ranks: every rank profiles (the profiled
+/// steps are collective), rank 0 plans and every rank runs its plan (dist::agreed_plan), a
+/// schedule with regions over several units and held units included (each changes which
+/// gathers run). Planned steps must train bitwise as plain ones, the same on every rank;
+/// a plan of inner-unit regions gathers each inner unit once more, a held unit once less.
+int zero3_planned(dist::mpi::Communicator& comm) {
+  PlannedUnits planned(comm), plain(comm);
+  PlannerOptions options;
+  options.hold = planned.model->stage_hold();
+  options.profile_reps = 2;
+  Planner<B> planner(
+      planned.stages, [&planned](const ChainRunner<B>& run) { planned.step(run); }, options);
+  const ChainProfile& p = planner.profile();
+  // Rank 0's plans for the smallest whole-step budget and a loose one, then a fixed one that
+  // holds and spans units, saved and loaded as rank 0's.
+  const std::int64_t least =
+      dist::agreed_plan(comm, planner, Budget::whole_step(planner.smallest_budget(MemChannel::Total)))
+          .prediction()
+          .peak[0];
+  std::vector<CheckpointPlan<B>> plans;
+  plans.push_back(dist::agreed_plan(comm, planner, Budget::whole_step(least)));
+  plans.push_back(dist::agreed_plan(comm, planner, Budget::whole_step(2 * p.plain_peak[0])));
+  const std::vector<Segment> mixed = {
+      {0, 2, StageMode::Recompute, true}, {2, 3, StageMode::Keep, true}, {3, 4, StageMode::Selective}};
+  plans.push_back(
+      CheckpointPlan<B>(planned.stages, mixed, predict(p, mixed), Budget::whole_step(0), p, "", options.hold));
+  for (const CheckpointPlan<B>& plan : plans) {
+    const std::int64_t before = planned.model->gathers();
+    planned.step(plan.runner());
+    if (&plan == &plans.back())
+      require(planned.model->gathers() - before == 5, "the mixed plan gathered ", planned.model->gathers() - before,
+              " times in a step, expected 5: 4 in forward, and in backward unit 3's only (units 0-2 are held)");
+  }
+  const std::string agreed = dist::agreed_plan(comm, planner, Budget::whole_step(least)).to_json();
+  require_same_on_every_rank(comm, std::vector<double>(agreed.begin(), agreed.end()), "the agreed plan");
+  const ChainRunner<B> keep(plain.stages, {{0, PlannedUnits::kUnits, StageMode::Keep}});
+  while (plain.steps < planned.steps) plain.step(keep);
+  const std::vector<double> a = planned.model->full_weights(), b = plain.model->full_weights();
+  require(a == b, "planned steps trained other weights than plain ones");
+  require_same_on_every_rank(comm, a, "planned weights");
+  try {
+    dist::agreed_plan(comm, planner, Budget::whole_step(1));
+    require(false, "a budget of 1 byte was planned");
+  } catch (const Error& e) {
+    require(std::string(e.what()).find("rank 0 could not plan: checkpoint planner: no schedule") != std::string::npos,
+            "the error was: ", e.what());
+  }
+  return 0;
+}
+
 /// A model whose unsharded model state exceeds the budget trains within it on 4 ranks: eight
 /// units of Linear(64, 64) in bf16 with AdamW, Ψ = 33,280, unsharded 16Ψ = 532,480 bytes;
 /// budget 16Ψ/2 = 266,240 bytes of everything a rank allocates (every category), from
@@ -1321,6 +1416,7 @@ int main(int argc, char** argv) {
         if (scenario == "zero3_resume") return zero3_resume(comm);
         if (scenario == "zero3_abort") return zero3_abort(comm);
         if (scenario == "zero3_keep") return zero3_keep(comm);
+        if (scenario == "zero3_planned") return zero3_planned(comm);
         if (scenario == "zero3_budget") return zero3_budget(comm);
         throw Error("test_distributed_mpi: unknown scenario '" + scenario + "'");
       },
