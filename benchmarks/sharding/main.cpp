@@ -2,6 +2,7 @@
 //
 //   for n in 1 2 4; do mpirun -np $n build/bin/sharding --json sharding_np$n.json; done
 //   mpirun -np 2 build/bin/sharding --zero3-overlap --blocks 4 --dim 384 --json overlap.json
+//   mpirun -np 2 build/bin/sharding --zero3-plan --blocks 6 --dim 128 --json plan.json
 //
 // A stack of pre-LN transformer blocks, BF16 weights with FP32 masters and AdamW, trained
 // data-parallel four ways: ZeRO-0 (DataParallel: every rank holds everything, 16Ψ),
@@ -28,6 +29,14 @@
 // The ranks start each step together (a barrier), but a rank that computes slower (a
 // core shared with other work) makes the other wait inside a gather, prefetch or not:
 // on a loaded machine that wait is in both step times and the difference is noisy.
+//
+// --zero3-plan runs the checkpoint planner over ZeRO-3 units (each block a unit and a
+// stage, bf16, prefetch 1, the planner's StageHold = keep a unit gathered through
+// backward): every rank profiles, rank 0 plans (dist::agreed_plan) for whole-step budgets
+// from the least that fits to the all-held step's predicted peak, and every rank runs each
+// plan once, measured. Rank 0 prints each stage's hold price as profiled (bytes its forward
+// leaves more, backward ms saved) and, per budget, the plan, its predicted and measured
+// whole-step peak and time, and the gathers of the step.
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -39,6 +48,8 @@
 #include <vector>
 
 #include "common/provenance.hpp"
+#include "trainmem/checkpoint/planner.hpp"
+#include "trainmem/distributed/agreed_plan.hpp"
 #include "trainmem/distributed/fully_sharded.hpp"
 #include "trainmem/distributed/mpi.hpp"
 #include "trainmem/distributed/zero.hpp"
@@ -228,6 +239,102 @@ Overlap zero3_overlap(tmem::dist::Communicator<B>& comm, const Settings& s) {
   return {median(a), median(b), median(g)};
 }
 
+/// The planner over ZeRO-3 units (see the file comment); the report's "zero3_plan" part.
+nlohmann::json zero3_plan(tmem::dist::Communicator<B>& comm, const Settings& s) {
+  tmem::nn::Init init(11);
+  std::vector<std::unique_ptr<tmem::nn::TransformerBlock<B>>> blocks;
+  std::vector<std::vector<tmem::Var<B>>> units;
+  for (std::int64_t b = 0; b < s.blocks; ++b) {
+    blocks.push_back(std::make_unique<tmem::nn::TransformerBlock<B>>(s.dim, s.heads, s.hidden, init, 0.0f,
+                                                                     tmem::DType::F32, "block" + std::to_string(b)));
+    units.push_back(blocks.back()->parameters());
+  }
+  tmem::dist::FullyShardedModel<B> model(
+      comm, units, tmem::dist::FullyShardedOptions{.model_dtype = tmem::DType::BF16, .bucket_bytes = s.bucket_bytes},
+      tmem::optim::AdamWOptions{.lr = 1e-3});
+  std::vector<tmem::Layer<B>> stages;
+  for (std::size_t b = 0; b < blocks.size(); ++b)
+    stages.push_back([&model, &blocks, b](const tmem::Var<B>& x) {
+      return model.forward(
+          *x.tape(), b, [&blocks, b](const tmem::Var<B>& in) { return (*blocks[b])(in); }, x);
+    });
+  std::int64_t step_index = 0;
+  const tmem::ChainStep<B> step = [&](const tmem::ChainRunner<B>& run) {
+    model.zero_grad();
+    tmem::Tape<B> tape;
+    std::vector<float> x(static_cast<std::size_t>(s.batch * s.tokens * s.dim));
+    for (std::size_t k = 0; k < x.size(); ++k)
+      x[k] = 0.1f * static_cast<float>((k * 7 + static_cast<std::size_t>(step_index + comm.rank())) % 13) - 0.6f;
+    tmem::Var<B> loss;
+    {
+      tmem::amp::Autocast autocast(tmem::DType::BF16);
+      const tmem::Var<B> h = run(tape.input(tmem::Tensor<B>::from_host({s.batch, s.tokens, s.dim}, x)));
+      loss = tmem::mean(tmem::mul(h, h));
+    }
+    run.backward(loss);
+    model.micro_batch_done();
+    model.step();
+    ++step_index;
+  };
+  tmem::PlannerOptions options;
+  options.hold = model.stage_hold();
+  const tmem::Planner<B> planner(stages, step, options);
+  const tmem::ChainProfile& p = planner.profile();
+  nlohmann::json out;
+  const bool print = comm.rank() == 0;
+  if (print)
+    std::printf("hold price per stage (rank 0's profile): %6s %14s %14s %12s %12s\n", "stage", "unit bytes",
+                "kept more", "fwd ms", "bwd ms");
+  for (std::size_t k = 0; k < stages.size(); ++k) {
+    const tmem::StageCosts &held = p.held[k], &plain = p.stages[k];
+    const double fwd = held.fwd_ms[0] - plain.fwd_ms[0], bwd = held.bwd_ms[0] - plain.bwd_ms[0];
+    out["hold_price"].push_back({{"stage", k},
+                                 {"unit_bytes", model.unit_bytes(k)},
+                                 {"kept_more_bytes", held.kept[0][0] - plain.kept[0][0]},
+                                 {"fwd_ms", fwd},
+                                 {"bwd_ms", bwd}});
+    if (print)
+      std::printf("%48zu %14lld %14lld %+12.3f %+12.3f\n", k, static_cast<long long>(model.unit_bytes(k)),
+                  static_cast<long long>(held.kept[0][0] - plain.kept[0][0]), fwd, bwd);
+  }
+  std::vector<tmem::Segment> all_held;
+  for (std::int64_t k = 0; k < p.size(); ++k) all_held.push_back({k, k + 1, tmem::StageMode::Keep, true});
+  const std::int64_t least = planner.smallest_budget(tmem::MemChannel::Total), plain_peak = p.plain_peak[0];
+  const std::int64_t held_peak = tmem::predict(p, all_held).peak[0];
+  if (print)
+    std::printf("\n%-12s %12s %12s %12s %10s %9s %9s %8s  plan\n", "budget", "bytes", "predicted", "measured",
+                "pred-meas", "pred ms", "meas ms", "gathers");
+  for (const auto& [name, bytes] :
+       std::vector<std::pair<std::string, std::int64_t>>{{"least", least},
+                                                         {"midway", (least + plain_peak) / 2},
+                                                         {"plain peak", plain_peak},
+                                                         {"all held", held_peak}}) {
+    const tmem::CheckpointPlan<B> plan = tmem::dist::agreed_plan(comm, planner, tmem::Budget::whole_step(bytes));
+    const std::int64_t gathers_before = model.gathers();
+    const tmem::StepMeasurement m = planner.measure(plan);
+    const std::int64_t gathers = model.gathers() - gathers_before;
+    std::string summary;
+    for (const tmem::Segment& seg : plan.segments())
+      summary += std::to_string(seg.begin) + "-" + std::to_string(seg.end - 1) + ":" + tmem::name_of(seg.mode) +
+                 (seg.hold ? "+hold " : " ");
+    const std::int64_t predicted = plan.prediction().peak[0];
+    out["plans"].push_back({{"budget", name},
+                            {"budget_bytes", bytes},
+                            {"predicted_peak", predicted},
+                            {"measured_peak", m.peak[0]},
+                            {"predicted_ms", plan.prediction().ms},
+                            {"measured_ms", m.ms},
+                            {"gathers", gathers},
+                            {"segments", summary}});
+    if (print)
+      std::printf("%-12s %12lld %12lld %12lld %+10lld %9.2f %9.2f %8lld  %s\n", name.c_str(),
+                  static_cast<long long>(bytes), static_cast<long long>(predicted), static_cast<long long>(m.peak[0]),
+                  static_cast<long long>(predicted - m.peak[0]), plan.prediction().ms, m.ms,
+                  static_cast<long long>(gathers), summary.c_str());
+  }
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -245,8 +352,9 @@ int main(int argc, char** argv) {
     app.add_option("--bucket-bytes", s.bucket_bytes, "communication bucket (bytes)");
     app.add_option("--batch", s.batch, "sequences per rank");
     app.add_option("--tokens", s.tokens, "tokens per sequence");
-    bool overlap_only = false;
+    bool overlap_only = false, plan_only = false;
     app.add_flag("--zero3-overlap", overlap_only, "measure what ZeRO-3's prefetch hides instead of the bytes");
+    app.add_flag("--zero3-plan", plan_only, "plan ZeRO-3 units with the checkpoint planner instead of the bytes");
     try {
       app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
@@ -266,6 +374,19 @@ int main(int argc, char** argv) {
                              {"blocks", s.blocks},
                              {"dim", s.dim},
                              {"bucket_bytes", s.bucket_bytes}};
+    if (plan_only) {
+      report["batch"] = s.batch;
+      report["tokens"] = s.tokens;
+      if (comm.rank() == 0)
+        std::printf(
+            "ZeRO-3 under the checkpoint planner: %lld blocks of width %lld (a unit and a stage each), %lld x "
+            "%lld tokens a rank, bf16, prefetch 1\n",
+            static_cast<long long>(s.blocks), static_cast<long long>(s.dim), static_cast<long long>(s.batch),
+            static_cast<long long>(s.tokens));
+      report["zero3_plan"] = zero3_plan(comm, s);
+      if (comm.rank() == 0 && !json_path.empty()) std::ofstream(json_path) << report.dump(2) << "\n";
+      return 0;
+    }
     if (overlap_only) {
       report["batch"] = s.batch;
       report["tokens"] = s.tokens;

@@ -39,8 +39,8 @@ struct ShardedChain {
   ShardedChain() {
     std::vector<std::vector<Var<B>>> units;
     for (std::int64_t k = 0; k < kUnits; ++k) {
-      layers.push_back(std::make_unique<nn::Linear<B>>(kWidth, kWidth, init, true, DType::F32,
-                                                       "layer" + std::to_string(k)));
+      layers.push_back(
+          std::make_unique<nn::Linear<B>>(kWidth, kWidth, init, true, DType::F32, "layer" + std::to_string(k)));
       units.push_back(layers.back()->parameters());
     }
     model = std::make_unique<dist::FullyShardedModel<B>>(one, std::move(units),
@@ -108,9 +108,10 @@ Trained train(const std::vector<Segment>& segments) {
 
 }  // namespace
 
-TEST_CASE("dist: ZeRO-3 units under the planner's regions around them train bitwise as plain ones, gathering as "
-          "the design says",
-          "[dist][planner]") {
+TEST_CASE(
+    "dist: ZeRO-3 units under the planner's regions around them train bitwise as plain ones, gathering as "
+    "the design says",
+    "[dist][planner]") {
   const std::int64_t unit = (kWidth * kWidth + kWidth) * 4;  // one unit's gathered f32 weights
   const Trained plain = train({{0, kUnits, StageMode::Keep}});
   CHECK(plain.gathers_per_step == 2 * kUnits);
@@ -122,7 +123,7 @@ TEST_CASE("dist: ZeRO-3 units under the planner's regions around them train bitw
       CHECK(t.weights == plain.weights);
       CHECK(t.gathers_per_step == 2 * kUnits);
       CHECK(t.gathered_peak == 2 * unit);
-      if (mode != StageMode::Selective)  // keeps the matmul's output, as many bytes as the tanh's
+      if (mode != StageMode::Selective)          // keeps the matmul's output, as many bytes as the tanh's
         CHECK(t.saved_peak < plain.saved_peak);  // the region drops what the unit's ops save
     }
   }
@@ -150,14 +151,16 @@ TEST_CASE("dist: ZeRO-3 units under the planner's regions around them train bitw
   }
 }
 
-TEST_CASE("dist: the planner prices ZeRO-3's keep-gathered choice at its unit's bytes, and its plans meet their "
-          "predicted peaks",
-          "[dist][planner]") {
+TEST_CASE(
+    "dist: the planner prices ZeRO-3's keep-gathered choice at its unit's bytes, and its plans meet their "
+    "predicted peaks",
+    "[dist][planner]") {
   ShardedChain chain;
   PlannerOptions options;
   options.hold = chain.model->stage_hold();
   options.model = "four 16-wide units";
-  Planner<B> planner(chain.stages, [&chain](const ChainRunner<B>& run) { chain.step(run); }, options);
+  Planner<B> planner(
+      chain.stages, [&chain](const ChainRunner<B>& run) { chain.step(run); }, options);
   const ChainProfile& p = planner.profile();
   REQUIRE(p.held.size() == static_cast<std::size_t>(kUnits));
   for (std::int64_t k = 0; k < kUnits; ++k) {
@@ -167,8 +170,8 @@ TEST_CASE("dist: the planner prices ZeRO-3's keep-gathered choice at its unit's 
     const StageCosts& plain = p.stages[static_cast<std::size_t>(k)];
     for (const StageMode mode : {StageMode::Keep, StageMode::Recompute, StageMode::Selective}) {
       const auto m = static_cast<std::size_t>(mode);
-      CHECK(held.kept[m][0] - plain.kept[m][0] == unit);               // held from forward to backward
-      CHECK(held.kept[m][1] == plain.kept[m][1]);                      // no saved activation
+      CHECK(held.kept[m][0] - plain.kept[m][0] == unit);   // held from forward to backward
+      CHECK(held.kept[m][1] == plain.kept[m][1]);          // no saved activation
       CHECK(held.bwd_peak[m][0] >= plain.bwd_peak[m][0]);  // backward windows are not credited
       CHECK(held.bwd_change[m][0] >= plain.bwd_change[m][0]);
     }
@@ -198,7 +201,8 @@ TEST_CASE("dist: the planner prices ZeRO-3's keep-gathered choice at its unit's 
     CHECK(static_cast<double>(plan.prediction().peak[0]) >= static_cast<double>(m.peak[0]) - slack);
     CHECK(static_cast<double>(plan.prediction().peak[0]) <=
           static_cast<double>(m.peak[0] + (holds ? 2 * largest_unit : 0)) + slack);
-    CHECK(std::abs(static_cast<double>(plan.prediction().peak[1] - m.peak[1])) <= 0.02 * static_cast<double>(m.peak[1]));
+    CHECK(std::abs(static_cast<double>(plan.prediction().peak[1] - m.peak[1])) <=
+          0.02 * static_cast<double>(m.peak[1]));
     CHECK(m.peak[0] <= budget.bytes + budget.bytes / 50);
   }
   INFO("plans that hold: " << held_plans);  // the times decide; a one-rank gather is a small copy
@@ -221,8 +225,8 @@ TEST_CASE("dist: a held segment needs a StageHold to run, to load and to be pric
   ChainProfile profile = unheld;
   profile.held = profile.stages;
   const std::vector<Segment> segments = {{0, 2, StageMode::Recompute, true}, {2, 4, StageMode::Keep}};
-  const CheckpointPlan<B> plan(chain.stages, segments, predict(profile, segments), Budget::whole_step(1 << 20),
-                               profile, "", options.hold);
+  const CheckpointPlan<B> plan(chain.stages, segments, predict(profile, segments), Budget::whole_step(1 << 20), profile,
+                               "", options.hold);
   const std::string json = plan.to_json();
   CHECK(json.find("\"mode\": \"recompute\", \"kept_bytes\": 0, \"ms\": 0, \"hold\": true}") != std::string::npos);
   const CheckpointPlan<B> loaded = CheckpointPlan<B>::from_json(chain.stages, json, options);

@@ -19,7 +19,7 @@ namespace trainmem {
 /// \brief What a stage may hold from its forward to its backward, and how to turn that on
 /// or off for a stage (between steps).
 struct StageHold {
-  std::string name;                                     // what is held, for plans ("gathered weights")
+  std::string name;                                      // what is held, for plans ("gathered weights")
   std::function<void(std::int64_t stage, bool on)> set;  // turns the hold on or off for one stage
   explicit operator bool() const { return static_cast<bool>(set); }
 };
