@@ -5,11 +5,11 @@
 // GPU. Both take a linear layer's layout, A [M, K] and B [N, K] ("NT": x W^T), which is
 // the layout cuBLASLt's FP8 kernels take directly on sm_90 (gemm.cuh, NOTE [FP8 GEMM]);
 // the FP8 "NN" row (B [K, N]) adds the byte transpose trainmem makes for it, and
-// 8192x768x768 is a linear layer over 8192 tokens of width 768. Timing follows
-// cuda_gemm's: CUDA events on the backend's stream, warm-up first, then at least 20
-// samples of `inner` back-to-back calls (about 2 ms), the bf16 and FP8 calls alternating
-// sample by sample, the median reported; inputs are random and rotate over enough sets to
-// exceed the L2. Before its speed counts, each output (written over NaN) is checked on
+// 8192x768x768 is a linear layer over 8192 tokens of width 768. Timing is cuda_gemm's
+// (common/gpu.cuh's time_alternating): CUDA events on the backend's stream, warm-up
+// first, then at least 20 samples of `inner` back-to-back calls (about 2 ms), the bf16
+// and FP8 calls alternating sample by sample, the median reported; inputs are random and
+// rotate over enough sets to exceed the L2. Before its speed counts, each output (written over NaN) is checked on
 // 256 sampled entries against an FP64 dot product of the stored values (the FP8 ones
 // decoded and scaled):
 //   bf16: |C - C64| <= (4 u_C + 2 K 2^-24) sum_l |A_il B_lj|
@@ -156,34 +156,14 @@ Row run(Gpu& gpu, const Problem& p, const Options& options, std::mt19937_64& eng
   call_fp8(operands[0]);
   row.fp8_error = verify(p, operands[0], operands[0].c8, true, engine);
 
-  cudaEvent_t start, stop;
-  TRAINMEM_CUDA_CHECK(cudaEventCreate(&start));
-  TRAINMEM_CUDA_CHECK(cudaEventCreate(&stop));
-  auto time_batch = [&](auto&& call, int inner) {
-    TRAINMEM_CUDA_CHECK(cudaEventRecord(start, gpu.stream()));
-    for (int r = 0; r < inner; ++r) call(operands[static_cast<std::size_t>(r % sets)]);
-    TRAINMEM_CUDA_CHECK(cudaEventRecord(stop, gpu.stream()));
-    TRAINMEM_CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0.0f;
-    TRAINMEM_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    return static_cast<double>(ms) / inner;
-  };
-  double per_call_ms = 0.0;
-  for (int w = 0; w < 5; ++w) {  // clocks, caches, lazy module loading, the plans
-    per_call_ms = time_batch(call_bf16, sets);
-    time_batch(call_fp8, sets);
-  }
-  const int inner = std::max(sets, static_cast<int>(std::ceil((options.quick ? 0.5 : 2.0) / per_call_ms)));
-  row.inner = inner;
-  std::vector<double> bf16_ms, fp8_ms;
-  for (int sample = 0; sample < options.samples; ++sample) {  // alternating, so drift hits both
-    bf16_ms.push_back(time_batch(call_bf16, inner));
-    fp8_ms.push_back(time_batch(call_fp8, inner));
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  row.bf16_tflops = p.flops() / (benchmarks::median(bf16_ms) * 1e-3) / 1e12;
-  row.fp8_tflops = p.flops() / (benchmarks::median(fp8_ms) * 1e-3) / 1e12;
+  // Warm-up sizes a batch to about 2 ms (0.5 with --quick).
+  const auto set = [&](int r) -> const OperandSet& { return operands[static_cast<std::size_t>(r % sets)]; };
+  const benchmarks::PairedTiming timing = benchmarks::time_alternating(
+      gpu.stream(), sets, options.samples, options.quick ? 0.5 : 2.0, [&](int r) { call_bf16(set(r)); },
+      [&](int r) { call_fp8(set(r)); });
+  row.inner = timing.inner;
+  row.bf16_tflops = p.flops() / (timing.first_ms * 1e-3) / 1e12;
+  row.fp8_tflops = p.flops() / (timing.second_ms * 1e-3) / 1e12;
   return row;
 }
 

@@ -5,9 +5,10 @@
 // is a linear layer over 8192 tokens of width 768. Both rows of a pair run the same
 // cuBLASLt configuration (COMPUTE_32F, 32 MiB workspace, the heuristic's first
 // algorithm), so their ratio is trainmem's overhead: planning once and a cached lookup
-// per call. Timing follows METHOD.md: CUDA events on the backend's stream, warm-up
-// first, then at least 20 samples each of `inner` back-to-back calls (about 2 ms of
-// work), the two implementations alternating sample by sample, reporting the median;
+// per call. Timing follows METHOD.md (common/gpu.cuh's time_alternating): CUDA events
+// on the backend's stream, warm-up first, then at least 20 samples each of `inner`
+// back-to-back calls (about 2 ms of work), the two implementations alternating sample
+// by sample, reporting the median;
 // inputs are random (never zeros) and rotate over enough sets to exceed the 60 MB L2.
 // Before its speed counts, each implementation's output (written over NaN) is checked
 // on 256 sampled entries against an FP64 dot product of the same rounded inputs:
@@ -202,35 +203,14 @@ Row run(Gpu& gpu, const Problem& p, const Options& options, std::mt19937_64& eng
   call_direct(operands[0]);
   row.direct_error = verify(p, operands[0], engine);
 
-  cudaEvent_t start, stop;
-  TRAINMEM_CUDA_CHECK(cudaEventCreate(&start));
-  TRAINMEM_CUDA_CHECK(cudaEventCreate(&stop));
-  auto time_batch = [&](auto&& call, int inner) {
-    TRAINMEM_CUDA_CHECK(cudaEventRecord(start, gpu.stream()));
-    for (int r = 0; r < inner; ++r) call(operands[static_cast<std::size_t>(r % sets)]);
-    TRAINMEM_CUDA_CHECK(cudaEventRecord(stop, gpu.stream()));
-    TRAINMEM_CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0.0f;
-    TRAINMEM_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    return static_cast<double>(ms) / inner;
-  };
-  // Warm up (clocks, caches, lazy module loading), and size a batch to about 2 ms.
-  double per_call_ms = 0.0;
-  for (int w = 0; w < 5; ++w) {
-    per_call_ms = time_batch(call_trainmem, sets);
-    time_batch(call_direct, sets);
-  }
-  const int inner = std::max(sets, static_cast<int>(std::ceil((options.quick ? 0.5 : 2.0) / per_call_ms)));
-  row.inner = inner;
-  std::vector<double> trainmem_ms, direct_ms;
-  for (int sample = 0; sample < options.samples; ++sample) {  // alternating, so drift hits both
-    trainmem_ms.push_back(time_batch(call_trainmem, inner));
-    direct_ms.push_back(time_batch(call_direct, inner));
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  row.trainmem_tflops = p.flops() / (benchmarks::median(trainmem_ms) * 1e-3) / 1e12;
-  row.direct_tflops = p.flops() / (benchmarks::median(direct_ms) * 1e-3) / 1e12;
+  // Warm-up sizes a batch to about 2 ms (0.5 with --quick).
+  const auto set = [&](int r) -> const OperandSet& { return operands[static_cast<std::size_t>(r % sets)]; };
+  const benchmarks::PairedTiming timing = benchmarks::time_alternating(
+      gpu.stream(), sets, options.samples, options.quick ? 0.5 : 2.0, [&](int r) { call_trainmem(set(r)); },
+      [&](int r) { call_direct(set(r)); });
+  row.inner = timing.inner;
+  row.trainmem_tflops = p.flops() / (timing.first_ms * 1e-3) / 1e12;
+  row.direct_tflops = p.flops() / (timing.second_ms * 1e-3) / 1e12;
   return row;
 }
 

@@ -4,9 +4,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <functional>
 #include <vector>
 
+#include "checkpoint_schedule.hpp"
 #include "trainmem/trainmem.hpp"
 
 using namespace trainmem;
@@ -50,20 +50,9 @@ struct Chain {
   std::vector<Layer<B>> layers;
 };
 
-using Schedule = std::function<Var<B>(Tape<B>&, const std::vector<Layer<B>>&, const Var<B>&)>;
-
-Var<B> run_plain(Tape<B>&, const std::vector<Layer<B>>& layers, const Var<B>& x) {
-  Var<B> h = x;
-  for (const auto& layer : layers) h = layer(h);
-  return h;
-}
-Schedule each_block(CheckpointOptions options = {}) {
-  return [options](Tape<B>& tape, const std::vector<Layer<B>>& layers, const Var<B>& x) {
-    Var<B> h = x;
-    for (const auto& layer : layers) h = checkpoint(tape, options, layer, h);
-    return h;
-  };
-}
+using testing::each_block;
+using testing::run_plain;
+using testing::Schedule;
 
 /// Gradients of every parameter and of the input, as raw floats, after one backward.
 std::vector<std::vector<float>> gradients(Chain& chain, const Schedule& schedule, std::int64_t batch,

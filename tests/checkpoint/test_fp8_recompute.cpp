@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint_schedule.hpp"
 #include "trainmem/trainmem.hpp"
 
 using namespace trainmem;
@@ -58,20 +59,10 @@ struct Fp8Chain {
   std::vector<Var<B>> params;
 };
 
-using Schedule = std::function<Var<B>(Tape<B>&, const std::vector<Layer<B>>&, const Var<B>&)>;
+using testing::each_block;
+using testing::run_plain;
+using testing::Schedule;
 
-Var<B> plain(Tape<B>&, const std::vector<Layer<B>>& layers, const Var<B>& x) {
-  Var<B> h = x;
-  for (const auto& layer : layers) h = layer(h);
-  return h;
-}
-Schedule each_block(CheckpointOptions options = {}) {
-  return [options](Tape<B>& tape, const std::vector<Layer<B>>& layers, const Var<B>& x) {
-    Var<B> h = x;
-    for (const auto& layer : layers) h = checkpoint(tape, options, layer, h);
-    return h;
-  };
-}
 Schedule segments(std::vector<Segment> list) {
   return [list](Tape<B>&, const std::vector<Layer<B>>& layers, const Var<B>& x) {
     return ChainRunner<B>(layers, list)(x);
@@ -199,7 +190,7 @@ std::vector<std::pair<const char*, Schedule>> schedules() {
 TEST_CASE("checkpointed FP8 steps are bitwise the plain FP8 step under every schedule (bf16, dropout)",
           "[checkpoint][fp8]") {
   const RunSettings settings{.precision = DType::BF16, .steps = 4};
-  const auto reference = train(plain, settings);
+  const auto reference = train(run_plain, settings);
   // The scales moved: the runs compare steps under scales other than the first step's 1.0.
   REQUIRE(reference.front().train != reference.back().train);
   for (const auto& [name, schedule] : schedules()) {
@@ -222,7 +213,7 @@ TEST_CASE("checkpointed FP8 steps are bitwise the plain FP8 step under every sch
 TEST_CASE("across an f16 loss-scale skip: checkpointed = plain, and the skipped step changes nothing",
           "[checkpoint][fp8]") {
   const RunSettings settings{.precision = DType::F16, .steps = 4, .poisoned_step = 2};
-  const auto reference = train(plain, settings);
+  const auto reference = train(run_plain, settings);
   REQUIRE(reference[1].stepped);
   REQUIRE_FALSE(reference[2].stepped);
   REQUIRE(reference[3].stepped);
@@ -277,7 +268,7 @@ TEST_CASE("a recompute after a scale update quantizes with the scales its forwar
   const auto run = [&](const Schedule& schedule) {
     amp::Fp8Scaling<B> scaling(chain.params, {.history_length = 2});
     // One observed step, so the next update moves every scale away from 1.
-    grads_with(chain, scaling, plain, [] {});
+    grads_with(chain, scaling, run_plain, [] {});
     scaling.update(true);
     const auto scale_before = scaling.scales()->scale.to_host<float>();
     auto grads = grads_with(chain, scaling, schedule, [&] {
@@ -286,7 +277,7 @@ TEST_CASE("a recompute after a scale update quantizes with the scales its forwar
     CHECK(scaling.scales()->scale.to_host<float>() != scale_before);
     return grads;
   };
-  const auto reference = run(plain);
+  const auto reference = run(run_plain);
   CHECK(run(each_block()) == reference);
   CHECK(run(segments({{0, 2, StageMode::Nested}, {2, 4, StageMode::Selective}})) == reference);
 }
@@ -296,7 +287,7 @@ TEST_CASE("a recompute records no amax", "[checkpoint][fp8]") {
   amp::Fp8Scaling<B> scaling(chain.params, {.history_length = 2});
   // Plain: each of the 9 linears records its input and (made once) its weight in forward,
   // and its output gradient in backward.
-  grads_with(chain, scaling, plain, [] {});
+  grads_with(chain, scaling, run_plain, [] {});
   const std::uint64_t plain_records = scaling.amax_records();
   CHECK(plain_records == 3 * 9);
   const auto amax_plain = scaling.amax_slot(0).to_host<float>();

@@ -1,4 +1,5 @@
-// trainmem/core/float8.hpp — the two OCP 8-bit floating-point storage types, E4M3 and E5M2.
+// trainmem/core/float8.hpp — the two OCP 8-bit floating-point storage types, E4M3 and E5M2:
+// one struct, Float8<Format>, over the two encodings (detail::Float8Format).
 //
 // E4M3 (OCP "E4M3", E4M3FN): sign, 4 exponent bits (bias 7), 3 mantissa bits; no
 // infinity, one NaN pattern per sign (S.1111.111); max 448, smallest normal 2^-6,
@@ -44,6 +45,10 @@ struct Float8Format {
   static constexpr int kMinExponent = 1 - kBias;  // of the smallest normal
   /// Largest finite code without the sign: E4M3 0x7e (448), E5M2 0x7b (57344).
   static constexpr std::uint32_t kMaxCode = kIeeeSpecials ? ((((1u << kExpBits) - 1u) << kManBits) - 1u) : 0x7eu;
+  /// Largest finite value, kMaxCode's: its significand (implicit 1 included) times
+  /// 2^(exponent - kManBits), a whole number for both formats.
+  static constexpr float kMax = static_cast<float>(((kMaxCode & ((1u << kManBits) - 1u)) | (1u << kManBits))
+                                                   << ((kMaxCode >> kManBits) - kBias - kManBits));
   static constexpr std::uint8_t kNaNCode =
       kIeeeSpecials ? static_cast<std::uint8_t>(0x7cu | (1u << (kManBits - 1))) : static_cast<std::uint8_t>(0x7fu);
 
@@ -101,38 +106,32 @@ using Float8E5M2Format = Float8Format<5, 2, true>;
 
 }  // namespace detail
 
-/// \brief OCP FP8 E4M3 (FN): bias 7, no infinity, NaN = S.1111.111, max 448. Storage only.
-struct Float8E4M3 {
+/// \brief An OCP 8-bit float stored as its code, one struct for both formats: `Format`
+/// (a detail::Float8Format) holds the encoding, so E4M3 and E5M2 differ only there.
+/// Storage only: kernels widen to f32 to compute.
+template <class Format>
+struct Float8 {
   std::uint8_t bits = 0;
-  static constexpr float max = 448.0f;
+  static constexpr float max = Format::kMax;
 
-  Float8E4M3() = default;
+  Float8() = default;
   /// Round to nearest even; out-of-range values and ±inf saturate to ±max; NaN -> NaN.
-  TRAINMEM_HOST_DEVICE explicit Float8E4M3(float value) : bits(detail::Float8E4M3Format::from_float(value)) {}
-  TRAINMEM_HOST_DEVICE static constexpr Float8E4M3 from_bits(std::uint8_t b) {
-    Float8E4M3 f;
+  TRAINMEM_HOST_DEVICE explicit Float8(float value) : bits(Format::from_float(value)) {}
+  TRAINMEM_HOST_DEVICE static constexpr Float8 from_bits(std::uint8_t b) {
+    Float8 f;
     f.bits = b;
     return f;
   }
   /// Exact.
-  TRAINMEM_HOST_DEVICE explicit operator float() const { return detail::Float8E4M3Format::to_float(bits); }
+  TRAINMEM_HOST_DEVICE explicit operator float() const { return Format::to_float(bits); }
 };
 
-/// \brief OCP FP8 E5M2: bias 15, ±inf and NaN as in IEEE 754, max 57344. Storage only.
-struct Float8E5M2 {
-  std::uint8_t bits = 0;
-  static constexpr float max = 57344.0f;
+/// \brief OCP FP8 E4M3 (FN): bias 7, no infinity, NaN = S.1111.111, max 448.
+using Float8E4M3 = Float8<detail::Float8E4M3Format>;
+/// \brief OCP FP8 E5M2: bias 15, ±inf and NaN as in IEEE 754, max 57344.
+using Float8E5M2 = Float8<detail::Float8E5M2Format>;
 
-  Float8E5M2() = default;
-  /// Round to nearest even; out-of-range values and ±inf saturate to ±max; NaN -> NaN.
-  TRAINMEM_HOST_DEVICE explicit Float8E5M2(float value) : bits(detail::Float8E5M2Format::from_float(value)) {}
-  TRAINMEM_HOST_DEVICE static constexpr Float8E5M2 from_bits(std::uint8_t b) {
-    Float8E5M2 f;
-    f.bits = b;
-    return f;
-  }
-  /// Exact.
-  TRAINMEM_HOST_DEVICE explicit operator float() const { return detail::Float8E5M2Format::to_float(bits); }
-};
+static_assert(Float8E4M3::max == 448.0f && Float8E5M2::max == 57344.0f, "Float8: max differs from the OCP spec's");
+static_assert(sizeof(Float8E4M3) == 1 && sizeof(Float8E5M2) == 1, "Float8: one byte per element");
 
 }  // namespace trainmem
