@@ -145,7 +145,7 @@ TEST_CASE("cuda fp8 recipe: checkpointed FP8 steps equal the plain FP8 steps bit
   }
 }
 
-TEST_CASE("cuda fp8 recipe: a bf16 + FP8 update waits for nothing; an inf amax skips it on the device, bitwise",
+TEST_CASE("cuda fp8 recipe: a bf16 + FP8 update waits for nothing, and an inf amax skips it on the device, bitwise",
           "[cuda][fp8]") {
   TRAINMEM_REQUIRE_CUDA_DEVICE();
   Gpu& gpu = Gpu::default_instance();
