@@ -17,7 +17,13 @@
 // histories and makes new scales; a skipped one leaves histories and scales as they were.
 // A step with an inf or NaN amax is skipped (FP8 saturated the value that overflowed):
 // under f16 the scaler sees it with the gradients (GradScaler::check_with_grads) and
-// backs off; under bf16 it costs one host read of a flag per step.
+// backs off; under bf16 (no scaler) the amaxes' flag (Fp8Scaling::nonfinite_probe) is the
+// step's found-inf flag: the optimizer's update passes skip on the device when it is set
+// (optim::StepControl, NOTE [Steps a device can cancel]), and so does Fp8Scaling::
+// update(found_inf), so update() reads nothing back. The host learns of such a skip only
+// when it asks (see StepOutcome below): update()'s result and StepReport::stepped hold
+// the flag and read it when converted to bool; skipped_steps() adds up the flags counted
+// on the device, in one read when called.
 //
 // What a real loop adds around the step, in the order update() does it:
 //   schedule        optimizer.set_lr(schedule.lr(k)) with k = step_count(), the updates
@@ -36,8 +42,9 @@
 // the graph is spent, and the next micro-batch records on it afresh.
 //
 // Host syncs: the scaler's (f16: one read of the found-inf flag in GradScaler::step) and,
-// with clipping, the norm's. The loss stays a device scalar until someone asks for it
-// (StepReport::loss_value), the scale likewise.
+// with clipping, the norm's; no other, FP8 or not. The loss stays a device scalar until
+// someone asks for it (StepReport::loss_value), the scale, a bf16 + FP8 step's skip and
+// skipped_steps() likewise.
 //
 //   amp::TrainStep<B> train(optimizer, {.precision = DType::BF16, .micro_batches = 2,
 //                                       .clip_grad_norm = 1.0,
@@ -46,7 +53,7 @@
 // or, to do something between the phases (read gradients, wrap the backward):
 //   Var<B> loss = train.forward([&] { ... });   // once per micro-batch, with
 //   train.backward(loss);                       // a loss the caller divided by m itself
-//   bool stepped = train.update();              // schedule, clip, step or skip
+//   bool stepped = train.update();              // schedule, clip, step or skip (bf16 + FP8: a host read)
 // Each phase marks itself on the backend's MemoryStats ("forward", "backward",
 // "optimizer"), so a recorded timeline shows where a step's bytes go.
 //
@@ -87,12 +94,40 @@ struct TrainStepOptions {
   std::optional<DelayedScaling> fp8{};          // set (bf16 / f16): linear's GEMMs in FP8 with this recipe
 };
 
+/// \brief Whether an update stepped, as a bool: known on the host, except when the device
+/// decided (bf16 + FP8 without a loss scaler: a non-finite amax cancels the step there).
+/// Then it holds the step's found-inf flag and converting it to bool reads the flag (a
+/// host read: a device sync on a GPU), made only when the caller asks, as for the loss.
+template <class B>
+class StepOutcome {
+ public:
+  /// Known on the host (what the loss scaler read, or a step nothing could skip).
+  StepOutcome(bool stepped = true) : stepped_(stepped) {}  // NOLINT(google-explicit-constructor): a bool
+  /// Decided on the device: `found_inf` (an f32 scalar) is 0 when the step was taken.
+  static StepOutcome on_device(Tensor<B> found_inf) {
+    StepOutcome out;
+    out.found_inf_ = std::move(found_inf);
+    return out;
+  }
+  /// Whether the optimizer stepped; reads the flag when decided_on_device().
+  operator bool() const {  // NOLINT(google-explicit-constructor): bool stepped = train.update();
+    return found_inf_.defined() ? found_inf_.template to_host<float>()[0] == 0.0f : stepped_;
+  }
+  bool decided_on_device() const { return found_inf_.defined(); }
+  /// The step's found-inf flag on the device (undefined when known on the host).
+  const Tensor<B>& found_inf() const { return found_inf_; }
+
+ private:
+  bool stepped_ = true;
+  Tensor<B> found_inf_;
+};
+
 /// \brief What one step did.
 template <class B>
 struct StepReport {
-  Tensor<B> loss;       // the unscaled loss (the mean over micro-batches), a scalar on the backend
-  bool stepped = true;  // false: the scaler found an inf or NaN gradient and skipped
-  double lr = 0.0;      // the optimizer's learning rate for this update (the schedule's, if one is set)
+  Tensor<B> loss;                 // the unscaled loss (the mean over micro-batches), a scalar on the backend
+  StepOutcome<B> stepped = true;  // false: an inf or NaN gradient (or FP8 amax) skipped the step
+  double lr = 0.0;                // the optimizer's learning rate for this update (the schedule's, if one is set)
   /// With clipping on: the global gradient norm before clipping (unscaled; inf or NaN on a
   /// skipped step). Without clipping: none (it would cost a host read).
   std::optional<double> grad_norm;
@@ -157,8 +192,10 @@ class TrainStep {
   /// a gradient is inf or NaN), the scale's update and zeroed gradients; step_count()
   /// then counts one more. Returns whether the optimizer stepped. A model copy the step
   /// made overflow is thrown (CopyOverflowError) once the step is finished like any
-  /// other, so the next step starts clean.
-  bool update() {
+  /// other, so the next step starts clean. Under bf16 + FP8 (no scaler) the skip is
+  /// decided on the device and nothing is read back: the result reads the flag when
+  /// converted to bool (StepOutcome).
+  StepOutcome<B> update() {
     backend_->memory().mark("optimizer");
     if (options_.schedule) optimizer_->set_lr(options_.schedule->lr(steps_));
     last_lr_ = optimizer_->lr();
@@ -172,22 +209,37 @@ class TrainStep {
       scaler_.unscale_(*optimizer_);  // the true gradients (nothing to do when not scaling)
       last_grad_norm_ = optim::clip_grad_norm(*optimizer_, options_.clip_grad_norm);
     }
-    bool stepped = true;
-    try {
-      if (fp8_ && !scaler_.is_enabled() && fp8_probe.template to_host<float>()[0] != 0.0f) stepped = false;
-      else stepped = scaler_.step(*optimizer_);
-    } catch (const CopyOverflowError&) {
-      if (fp8_) fp8_->update(true);  // the step was taken
+    // bf16 + FP8: the amaxes' flag is the step's found-inf flag, acted on by the device.
+    const bool on_device = fp8_ && !scaler_.is_enabled();
+    StepOutcome<B> stepped = true;
+    const auto close = [&] {  // after the skip decision: a skipped step leaves the scales
+      if (on_device) {
+        fp8_->update(fp8_probe);
+        if (!device_skips_.defined())
+          device_skips_ = Tensor<B>::zeros(Shape{1}, DType::F64, MemCategory::OptimizerState, *backend_);
+        backend_->map(math::CountFound{}, device_skips_, fp8_probe, device_skips_);
+      } else if (fp8_) {
+        fp8_->update(static_cast<bool>(stepped));
+      }
       scaler_.update();
       optimizer_->zero_grad();
       ++steps_;
+    };
+    try {
+      if (on_device) {
+        optim::StepControl<B> control;
+        control.found_inf = fp8_probe;
+        optimizer_->step(control);
+        stepped = StepOutcome<B>::on_device(fp8_probe);
+      } else {
+        stepped = scaler_.step(*optimizer_);
+      }
+    } catch (const CopyOverflowError&) {
+      close();  // the step was taken (with the flag clear, when on the device)
       throw;
     }
-    if (fp8_) fp8_->update(stepped);  // after the skip decision: a skipped step leaves the scales
-    scaler_.update();
-    optimizer_->zero_grad();
-    ++steps_;
-    if (!stepped) ++skipped_;
+    close();
+    if (!on_device && !stepped) ++skipped_;
     return stepped;
   }
 
@@ -231,8 +283,12 @@ class TrainStep {
   const TrainStepOptions& options() const { return options_; }
   /// The current loss scale (a host read when scaling; 1 when not).
   double scale() const { return scaler_.get_scale(); }
-  /// Steps the scaler skipped so far.
-  std::int64_t skipped_steps() const { return skipped_; }
+  /// Updates skipped so far (by the scaler, or by an inf or NaN FP8 amax). After bf16 +
+  /// FP8 steps, whose skips are counted on the device, a host read.
+  std::int64_t skipped_steps() const {
+    if (!device_skips_.defined()) return skipped_;
+    return skipped_ + static_cast<std::int64_t>(device_skips_.template to_host<double>()[0]);
+  }
   /// Updates run so far, taken or skipped: the step the schedule's rate is for.
   std::int64_t step_count() const { return steps_; }
   /// The last update's learning rate, and its gradient norm before clipping (clipping on).
@@ -256,7 +312,7 @@ class TrainStep {
     out.insert("scaler", trainmem::state_of(scaler_));
     if (fp8_) out.insert("fp8", fp8_->state());
     out.set_i64("steps", steps_);
-    out.set_i64("skipped_steps", skipped_);
+    out.set_i64("skipped_steps", skipped_steps());
     return out;
   }
   /// Throws (naming the entry) unless `state` fits this TrainStep; changes nothing.
@@ -284,6 +340,7 @@ class TrainStep {
     if (fp8_) fp8_->load_state(state.sub("fp8"));
     steps_ = state.get_i64("steps");
     skipped_ = state.get_i64("skipped_steps");
+    if (device_skips_.defined()) device_skips_.zero_();
   }
 
  private:
@@ -308,7 +365,8 @@ class TrainStep {
   std::optional<MasterWeights<B>> masters_;
   std::unique_ptr<Fp8Scaling<B>> fp8_;  // a unique_ptr: regions of a live graph point at it
   std::int64_t steps_ = 0;              // updates run, taken or skipped
-  std::int64_t skipped_ = 0;            // of those, skipped by the scaler
+  std::int64_t skipped_ = 0;            // of those, skipped as the host knows (by the scaler)
+  Tensor<B> device_skips_;              // [1] f64: skipped by the device (bf16 + FP8), counted there
   double last_lr_ = 0.0;
   std::optional<double> last_grad_norm_;
 };

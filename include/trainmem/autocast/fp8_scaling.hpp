@@ -13,13 +13,17 @@
 //   scale, scale_inv [R]  what quantize multiplies by and the GEMM divides out.
 //
 // NOTE [FP8 scales are replay state]
-// Scales change once per optimizer step, in update(stepped), after the step's skip
-// decision: a skipped step (an inf or NaN gradient) drops its amaxes and leaves the
-// history and the scales as they were. An inf or NaN amax is itself a reason to skip:
-// FP8 conversion saturates ±inf to ±max (core/float8.hpp), so an overflowing activation
-// or an f16 gradient that overflowed under the loss scale would otherwise train as a
-// finite value. nonfinite_probe() turns this step's amaxes into a flag that
-// GradScaler::check_with_grads adds to its overflow check (amp::TrainStep does both). Each update makes a new
+// Scales change once per optimizer step, in update(), after the step's skip decision: a
+// skipped step (an inf or NaN gradient) drops its amaxes and leaves the history and the
+// scales as they were. The decision comes as a host bool (update(stepped): the loss
+// scaler read its flag) or as the step's device flag (update(found_inf): the optimizer
+// skipped on the device, and so do the history and the scales, with no host read). An inf
+// or NaN amax is itself a reason to skip: FP8 conversion saturates ±inf to ±max
+// (core/float8.hpp), so an overflowing activation or an f16 gradient that overflowed under
+// the loss scale would otherwise train as a finite value. nonfinite_probe() turns this
+// step's amaxes into a flag that GradScaler::check_with_grads adds to its overflow check,
+// or that is the step's found-inf flag when there is no scaler (amp::TrainStep does
+// both). Each update makes a new
 // *generation* of scale tensors and never writes the old ones, so a checkpoint region keeps the generation its forward
 // used (a shared_ptr, O(1)) and its recompute quantizes with exactly those scales, even if an update ran in between. A
 // recompute records no amax: it replays the forward, it is not a new observation (TransformerEngine issues #415 and
@@ -175,7 +179,8 @@ class Fp8Scaling {
 
   /// A device [1] f32 flag of this step's amaxes: 0 when all are finite, NaN when one is
   /// inf or NaN (the tensors it came from saturated in FP8); such a step must be skipped.
-  /// GradScaler::check_with_grads takes it as it is; without a scaler, read it on the host.
+  /// GradScaler::check_with_grads takes it as it is; without a scaler it is the step's
+  /// found-inf flag (optim::StepControl, then update(found_inf)).
   Tensor<B> nonfinite_probe() const {
     const Tensor<B> zeroed = Tensor<B>::empty(amax_.shape(), DType::F32, MemCategory::Temporary, *backend_);
     backend_->map(math::Scale{0.0}, amax_, zeroed);  // 0 * finite = 0, 0 * inf = NaN, 0 * NaN = NaN
@@ -184,41 +189,50 @@ class Fp8Scaling {
     return probe;
   }
 
-  /// Closes an optimizer step: when it `stepped`, this step's amaxes enter the history
-  /// and a new generation of scales is made from it by the recipe's rule; when it was
-  /// skipped, its amaxes are dropped and history and scales stay as they were. Either
-  /// way the running amax starts again from 0. No host read.
+  /// Closes an optimizer step whose skip the host decided: when it `stepped`, this step's
+  /// amaxes enter the history (at row position(), which then advances) and a new
+  /// generation of scales is made from it by the recipe's rule; when it was skipped, its
+  /// amaxes are dropped and history, position, scales and generation stay as they were.
+  /// Either way the running amax starts again from 0. No host read.
   void update(bool stepped) {
     if (stepped) {
       const std::int64_t roles = static_cast<std::int64_t>(role_count()), h = recipe_.history_length;
       history_.slice(position_, position_ + 1).copy_from(amax_.reshape(Shape{1, roles}));
       position_ = (position_ + 1) % h;
-      Tensor<B> chosen = amax_;
-      Tensor<B> work;
-      if (recipe_.rule == AmaxRule::Max) {  // a tree of pairwise maxima over the rows: log2(H) maps
-        work = history_.clone();
-        for (std::int64_t n = h; n > 1;) {
-          const std::int64_t half = n / 2;
-          backend_->map(math::AmaxMax{}, work.slice(0, half), work.slice(n - half, n), work.slice(0, half));
-          n -= half;
-        }
-        chosen = work.slice(0, 1).reshape(Shape{roles});
-      }
-      auto next = std::make_shared<Fp8Scales<B>>();
-      next->generation = scales_->generation + 1;
-      next->scale = Tensor<B>::empty(Shape{roles}, DType::F32, MemCategory::OptimizerState, *backend_);
-      next->scale_inv = Tensor<B>::empty(Shape{roles}, DType::F32, MemCategory::OptimizerState, *backend_);
-      const auto forward = static_cast<std::int64_t>(2 * weights_.size());
-      const float margin = std::ldexp(1.0f, recipe_.margin);
-      const auto rule_over = [&](std::int64_t begin, std::int64_t end, DType format) {
-        backend_->map(math::Fp8ScaleFromAmax{fp8_max(format), margin}, chosen.slice(begin, end),
-                      scales_->scale.slice(begin, end), next->scale.slice(begin, end));
-      };
-      rule_over(0, forward, recipe_.forward_format);
-      rule_over(forward, roles, recipe_.backward_format);
-      backend_->map(math::Reciprocal{}, next->scale, next->scale_inv);
-      scales_ = std::move(next);
+      next_scales(nullptr);
     }
+    amax_.zero_();
+  }
+
+  /// Closes an optimizer step whose skip the device decided: `found_inf` is the step's
+  /// found-inf flag (an f32 scalar on this backend, optim::StepControl::found_inf; 0: the
+  /// step was taken), read only by kernels. A taken step's amaxes enter the history as
+  /// latest and the scales follow them, as update(true); a skipped step leaves the history
+  /// and the scales bitwise as they were, as update(false). Since the host does not know
+  /// which, position() stays where it is (the ring's rows move by one instead: a pass over
+  /// the [H, R] history, which the max rule makes anyway) and a new generation is made
+  /// either way, holding the old scales' bits when the step was skipped (the quantized
+  /// weights are made once more). The running amax starts again from 0. No host read.
+  void update(const Tensor<B>& found_inf) {
+    detail::check(found_inf.defined() && found_inf.numel() == 1 && found_inf.dtype() == DType::F32 &&
+                      &found_inf.backend() == backend_,
+                  "amp::Fp8Scaling::update: found_inf must be an f32 scalar on the scaling state's backend, got ",
+                  found_inf.defined() ? found_inf.shape().str() + " " + std::string(name_of(found_inf.dtype()))
+                                      : std::string("undefined"));
+    const math::KeepIfFound keep{found_inf.template data_as<const float>()};
+    const std::int64_t roles = static_cast<std::int64_t>(role_count()), h = recipe_.history_length;
+    // Row j takes row j + 1 (mod H), so oldest-to-latest read from position() drops the
+    // oldest; the row before position() (the latest) takes this step's amax.
+    Tensor<B> moved = Tensor<B>::empty(history_.shape(), DType::F32, MemCategory::Temporary, *backend_);
+    if (h > 1) {
+      moved.slice(0, h - 1).copy_from(history_.slice(1, h));
+      moved.slice(h - 1, h).copy_from(history_.slice(0, 1));
+    }
+    const std::int64_t latest = (position_ + h - 1) % h;
+    moved.slice(latest, latest + 1).copy_from(amax_.reshape(Shape{1, roles}));
+    backend_->map(keep, moved, history_, history_);
+    history_.bump_version();
+    next_scales(&keep);
     amax_.zero_();
   }
 
@@ -323,6 +337,39 @@ class Fp8Scaling {
     std::uint64_t generation = 0;
   };
 
+  /// A new generation of scales from the history (max rule) or this step's amax (most
+  /// recent), by the recipe's rule; with `keep`, the old scales wherever its flag is set.
+  void next_scales(const math::KeepIfFound* keep) {
+    const std::int64_t roles = static_cast<std::int64_t>(role_count()), h = recipe_.history_length;
+    Tensor<B> chosen = amax_;
+    Tensor<B> work;
+    if (recipe_.rule == AmaxRule::Max) {  // a tree of pairwise maxima over the rows: log2(H) maps
+      work = history_.clone();
+      for (std::int64_t n = h; n > 1;) {
+        const std::int64_t half = n / 2;
+        backend_->map(math::AmaxMax{}, work.slice(0, half), work.slice(n - half, n), work.slice(0, half));
+        n -= half;
+      }
+      chosen = work.slice(0, 1).reshape(Shape{roles});
+    }
+    auto next = std::make_shared<Fp8Scales<B>>();
+    next->generation = scales_->generation + 1;
+    next->scale = Tensor<B>::empty(Shape{roles}, DType::F32, MemCategory::OptimizerState, *backend_);
+    next->scale_inv = Tensor<B>::empty(Shape{roles}, DType::F32, MemCategory::OptimizerState, *backend_);
+    const auto forward = static_cast<std::int64_t>(2 * weights_.size());
+    const float margin = std::ldexp(1.0f, recipe_.margin);
+    const auto rule_over = [&](std::int64_t begin, std::int64_t end, DType format) {
+      backend_->map(math::Fp8ScaleFromAmax{fp8_max(format), margin}, chosen.slice(begin, end),
+                    scales_->scale.slice(begin, end), next->scale.slice(begin, end));
+    };
+    rule_over(0, forward, recipe_.forward_format);
+    rule_over(forward, roles, recipe_.backward_format);
+    if (keep != nullptr) backend_->map(*keep, next->scale, scales_->scale, next->scale);
+    backend_->map(math::Reciprocal{}, next->scale, next->scale_inv);
+    if (keep != nullptr) backend_->map(*keep, next->scale_inv, scales_->scale_inv, next->scale_inv);
+    scales_ = std::move(next);
+  }
+
   Tensor<B> host_tensor(Shape shape, const std::vector<float>& values,
                         MemCategory category = MemCategory::Temporary) const {
     return Tensor<B>::from_host(std::move(shape), values, DType::F32, category, *backend_);
@@ -339,7 +386,7 @@ class Fp8Scaling {
   mutable std::map<const void*, std::size_t> by_data_;  // a weight's value storage -> its index (rebuilt on a miss)
   Tensor<B> history_, amax_;                            // [H, R] ring and [R] running max, updated in place
   std::shared_ptr<const Fp8Scales<B>> scales_;          // the current generation; never written after update()
-  std::int64_t position_ = 0;                           // the history row the next stepped update writes
+  std::int64_t position_ = 0;                           // the oldest history row (update(true) writes it)
   std::vector<CachedWeight> cache_;                     // by weight
   std::uint64_t amax_records_ = 0;
   std::uint64_t weight_quantizations_ = 0;

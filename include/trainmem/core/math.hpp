@@ -116,6 +116,24 @@ struct IsZero {
     return x == T(0) ? T(1) : T(0);
   }
 };
+/// count + 1 where a found-inf flag is set (non-zero, NaN included), else count: steps
+/// cancelled on the device, counted there.
+struct CountFound {
+  template <class T>
+  TRAINMEM_HOST_DEVICE T operator()(T count, T flag) const {
+    return flag == T(0) ? count : count + T(1);
+  }
+};
+/// `fresh` where the step's found-inf flag (an f32 scalar on the device) is 0, else `kept`
+/// (NaN included): state that a step the device cancelled must keep as it was. Each
+/// element reads the flag where it lives, so the host never does.
+struct KeepIfFound {
+  const float* found_inf;
+  template <class T>
+  TRAINMEM_HOST_DEVICE T operator()(T fresh, T kept) const {
+    return *found_inf == 0.0f ? fresh : kept;
+  }
+};
 struct Scale {
   double alpha;
   template <class T>

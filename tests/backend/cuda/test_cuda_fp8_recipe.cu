@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <random>
 #include <string>
@@ -67,12 +68,26 @@ struct Fp8Net {
 
   /// One step; returns the gradients before the update, as bits.
   std::vector<std::vector<std::uint32_t>> train(int k) {
+    backward(k);
+    std::vector<std::vector<std::uint32_t>> grads;
+    for (const auto& p : params) {
+      std::vector<std::uint32_t> bits;
+      for (float v : p.grad().to_host<float>()) bits.push_back(std::bit_cast<std::uint32_t>(v));
+      grads.push_back(std::move(bits));
+    }
+    step->update();
+    return grads;
+  }
+  /// Step k's forward and backward (`poisoned`: one input is inf), not its update.
+  void backward(int k, bool poisoned = false) {
     tmem::Tape<Gpu> tape;
     tape.manual_seed(7 + static_cast<std::uint64_t>(k));
     std::vector<std::int32_t> labels(kBatch);
     for (std::size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<std::int32_t>((i * 5 + k) % kClasses);
     const tmem::Var<Gpu> loss = step->forward([&] {
-      tmem::Var<Gpu> h = tape.input(tmem::Tensor<Gpu>::from_host(Shape{kBatch, kWidth}, input(k), DType::F32));
+      std::vector<double> x = input(k);
+      if (poisoned) x[3] = std::numeric_limits<double>::infinity();
+      tmem::Var<Gpu> h = tape.input(tmem::Tensor<Gpu>::from_host(Shape{kBatch, kWidth}, x, DType::F32));
       for (int i = 0; i < kBlocks; ++i) {
         auto block = [this, i](const tmem::Var<Gpu>& x) {
           return tmem::add(x, tmem::dropout(tmem::linear(tmem::gelu(tmem::linear(x, up[static_cast<std::size_t>(i)])),
@@ -85,14 +100,6 @@ struct Fp8Net {
                                  tmem::Tensor<Gpu>::from_host(Shape{kBatch}, labels, DType::I32));
     });
     step->backward(loss);
-    std::vector<std::vector<std::uint32_t>> grads;
-    for (const auto& p : params) {
-      std::vector<std::uint32_t> bits;
-      for (float v : p.grad().to_host<float>()) bits.push_back(std::bit_cast<std::uint32_t>(v));
-      grads.push_back(std::move(bits));
-    }
-    step->update();
-    return grads;
   }
 
   bool checkpointed;
@@ -136,6 +143,34 @@ TEST_CASE("cuda fp8 recipe: checkpointed FP8 steps equal the plain FP8 steps bit
     CHECK(checkpointed.step->fp8()->scales()->scale.to_host<float>() ==
           plain.step->fp8()->scales()->scale.to_host<float>());
   }
+}
+
+TEST_CASE("cuda fp8 recipe: a bf16 + FP8 update waits for nothing, and an inf amax skips it on the device, bitwise",
+          "[cuda][fp8]") {
+  TRAINMEM_REQUIRE_CUDA_DEVICE();
+  Gpu& gpu = Gpu::default_instance();
+  Fp8Net net(false);
+  net.train(0);
+  const auto weights = [&] {
+    std::vector<std::vector<float>> out;
+    for (const auto& p : net.params) out.push_back(p.value().to_host<float>());
+    out.push_back(net.step->fp8()->scales()->scale.to_host<float>());
+    return out;
+  };
+  for (int k = 1; k <= 2; ++k) {
+    const bool poisoned = k == 2;
+    INFO("step " << k << (poisoned ? ", poisoned" : ""));
+    net.backward(k, poisoned);
+    const auto before = weights();
+    gpu.synchronize();
+    const auto syncs = gpu.host_syncs();
+    const auto stepped = net.step->update();
+    CHECK(gpu.host_syncs() == syncs);  // before: one, the host read of the FP8 amax flag
+    CHECK(stepped.decided_on_device());
+    CHECK(static_cast<bool>(stepped) == !poisoned);
+    CHECK((weights() == before) == poisoned);
+  }
+  CHECK(net.step->skipped_steps() == 1);
 }
 
 }  // namespace fp8_recipe_cuda_test

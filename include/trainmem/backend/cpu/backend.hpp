@@ -10,7 +10,9 @@
 // one Backend (its allocator and MemoryStats lock; the kernels keep no state).
 #pragma once
 
+#include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <optional>
 #include <span>
@@ -65,8 +67,13 @@ class Backend : public FusedUpdate<Backend> {
     if (bytes != 0) std::memcpy(dst, src, bytes);
   }
   void download(void* dst, const void* src, std::size_t bytes) {
+    host_reads_.fetch_add(1, std::memory_order_relaxed);
     if (bytes != 0) std::memcpy(dst, src, bytes);
   }
+  /// Downloads so far: each is a host read of backend memory, which on a GPU waits for the
+  /// device (cuda::Backend::host_syncs() counts the waits), so a CPU test can prove that a
+  /// step which must not wait makes none.
+  std::uint64_t host_reads() const { return host_reads_.load(std::memory_order_relaxed); }
   void copy(void* dst, const void* src, std::size_t bytes) {
     if (bytes != 0) std::memmove(dst, src, bytes);
   }
@@ -401,6 +408,7 @@ class Backend : public FusedUpdate<Backend> {
 
   MemoryStats stats_;
   Allocator allocator_{stats_};
+  std::atomic<std::uint64_t> host_reads_{0};
 };
 
 static_assert(trainmem::Backend<Backend> && HasGemmBias<Backend> && HasMapPair<Backend> && HasFp8<Backend>,
