@@ -5,7 +5,8 @@
 # include guard. The TUs form the object library trainmem_header_check, built at -O0
 # (only the front end's verdict matters), and the CTest case header_self_contained
 # rebuilds it. With CUDA, the .cuh headers and trainmem/cuda.hpp get the same check
-# as .cu TUs through nvcc's front ends (trainmem_header_check_cuda, a dependency of the first), and
+# as .cu TUs through nvcc's front ends (trainmem_header_check_cuda, which the CTest case
+# builds too: a dependency between two object libraries orders them and builds neither), and
 # trainmem/distributed/mpi.hpp only where MPI was found (distributed/nccl.cuh where NCCL was).
 include_guard(GLOBAL)
 
@@ -40,6 +41,7 @@ function(trainmem_add_header_check)
   _trainmem_header_tus(cxx_tus "${out_dir}/cxx" ".cpp" ${hpp_headers})
 
   add_library(trainmem_header_check OBJECT ${cxx_tus})
+  set(check_targets trainmem_header_check)
   target_link_libraries(trainmem_header_check PRIVATE trainmem::trainmem)
   if(TARGET trainmem::mpi)
     target_link_libraries(trainmem_header_check PRIVATE trainmem::mpi)
@@ -73,7 +75,7 @@ function(trainmem_add_header_check)
       endif()
       set_target_properties(trainmem_header_check_cuda PROPERTIES CUDA_ARCHITECTURES "${check_arch}-virtual")
       target_compile_options(trainmem_header_check_cuda PRIVATE -cuda)
-      add_dependencies(trainmem_header_check trainmem_header_check_cuda)
+      list(APPEND check_targets trainmem_header_check_cuda)
     endif()
   endif()
 
@@ -88,7 +90,7 @@ function(trainmem_add_header_check)
     set(keep_going -- -k 0)
   endif()
   add_test(NAME header_self_contained
-           COMMAND "${CMAKE_COMMAND}" --build "${PROJECT_BINARY_DIR}" --target trainmem_header_check
+           COMMAND "${CMAKE_COMMAND}" --build "${PROJECT_BINARY_DIR}" --target ${check_targets}
                    --config $<CONFIG> ${keep_going})
   set_tests_properties(header_self_contained PROPERTIES RESOURCE_LOCK trainmem_build_tree)
 endfunction()
