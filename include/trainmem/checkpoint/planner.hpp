@@ -23,7 +23,8 @@
 //
 // NOTE [Profiling leaves no trace]
 // The step profiled is the step trained, optimizer.step() and all: profiling runs it
-// 1 + modes x profile_reps times (13 on the CPU at the default 3 reps), and measure()
+// 1 + modes x profile_reps times (13 on the CPU at the default 3 reps; 3 more with a
+// StageHold, whose held step is one more mode), and measure()
 // runs it too. `PlannerOptions::restore` names what those steps must leave as they found
 // it: the objects a resumed run loads (trainmem::save's list: the model, masters,
 // optimizer, scaler, the tape or generator, a StateDict of the caller's own such as an LR

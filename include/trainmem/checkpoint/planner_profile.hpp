@@ -355,7 +355,8 @@ std::vector<ProfileRecorder::Mark> profiled_step(const std::vector<Layer<B>>& st
 /// few rounds understates a stage by however lucky its quietest round was) and, for a
 /// stage, over the step's `micro_batches` micro-batches; bytes come from the last round
 /// (they are exact and repeat) and its last micro-batch, the first micro-batch's beside
-/// them (NOTE [Micro-batches]). Each profiled step is a real training step; a Planner
+/// them (NOTE [Micro-batches]). With `hold`, each round also runs the plain step with every
+/// stage held (NOTE [Held stages]). Each profiled step is a real training step; a Planner
 /// with `restore` puts the state back after the last one (NOTE [Profiling leaves no
 /// trace] in planner.hpp).
 template <class B>
